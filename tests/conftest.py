@@ -1,0 +1,66 @@
+"""Shared helpers for the core's tests: element types, tolerances, seeded data, line numbers.
+
+Tolerances are stated in units of each element type's machine epsilon
+(the gap between 1 and the next number), so one table of "how many
+roundings may this take" serves float64, float32 and bfloat16 alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import zlib
+
+import numpy as np
+import pytest
+
+import topos
+
+ELEMENTS = (topos.float64, topos.float32, topos.bfloat16)
+ELEMENT_IDS = ("f64", "f32", "bf16")
+
+EPSILON = {
+    topos.float64: 2.0**-52,
+    topos.float32: 2.0**-23,
+    topos.bfloat16: 2.0**-7,
+}
+
+
+@pytest.fixture(params=ELEMENTS, ids=ELEMENT_IDS)
+def element(request):
+    """Each element type in turn."""
+    return request.param
+
+
+def generator(*key) -> np.random.Generator:
+    """A random generator seeded by a readable key, so every test draws the same data on every run."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def assert_close(got, want, dtype, epsilons: float, scale=None, what: str = "") -> None:
+    """Assert |got - want| <= epsilons * eps(dtype) * scale elementwise (scale defaults to |want|).
+
+    ``want`` is a float64 (or better) reference computed independently of
+    topos. ``scale`` is the magnitude the error bound is proportional to,
+    for example sum(|terms|) for a sum, where cancellation makes |want|
+    the wrong yardstick.
+    """
+    got64 = np.asarray(got).astype(np.float64)
+    want64 = np.asarray(want, dtype=np.float64)
+    assert got64.shape == want64.shape, f"{what}: shape {got64.shape} != {want64.shape}"
+    magnitude = np.abs(want64) if scale is None else np.asarray(scale, dtype=np.float64)
+    bound = epsilons * EPSILON[np.dtype(dtype)] * magnitude
+    error = np.abs(got64 - want64)
+    same_special = (np.isnan(got64) & np.isnan(want64)) | (got64 == want64)
+    bad = ~same_special & ~(error <= bound)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements off; first at {where}: "
+            f"got {got64[where]!r}, want {want64[where]!r}, error {error[where]:.3g} > "
+            f"bound {bound[where]:.3g} ({epsilons} eps of {np.dtype(dtype).name})"
+        )
+
+
+def line_here() -> int:
+    """The caller's current line number, to check that errors point at the user's line."""
+    return inspect.currentframe().f_back.f_lineno

@@ -1,0 +1,303 @@
+"""Reverse mode: one scan, two readings.
+
+``scan`` walks the spec backward from a target, calling each opcode's one
+derivative rule. Over ``Eager`` arrays it computes gradients (the backward
+scan, :meth:`Run.backward`); over tape Values it records them as ordinary
+nodes (:meth:`Tape.differentiate`, :meth:`Tape.vjp`). Both readings make
+the same calls in the same order, so their bits agree.
+
+The order is part of the contract:
+
+* nodes are visited in reverse recording order, from the target down;
+* only nodes that received a cotangent run their rules (a disconnected
+  ``0/0`` cannot inject NaN), and cotangents flow only into nodes that
+  depend on a parameter or an input;
+* a node's cotangent is its first contribution, then ``+`` each later one,
+  in the order they arrive: consumers in reverse recording order, and
+  within one consumer by ascending operand position.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import DifferentiationError, SymbolError
+from .recordable import Eager
+
+
+def varying(network_like) -> list[bool]:
+    """For each node: does it depend on a parameter or an input (can it have a gradient)?"""
+    flags = []
+    for opcode, operands in zip(network_like._opcodes, network_like._operands):
+        if opcode.is_source:
+            flags.append(opcode.name in ("parameter", "input"))
+        else:
+            flags.append(any(flags[j] for j in operands))
+    return flags
+
+
+def scan(columns, target: int, seed, payload: Callable[[int], object]) -> dict[int, object]:
+    """Propagate ``seed`` from ``target`` backward; return each reached node's cotangent.
+
+    ``payload(i)`` gives node i's forward value in the payload being read
+    (an Eager array, or a Value on the tape).
+    """
+    flows = varying(columns)
+    cotangents: dict[int, object] = {target: seed}
+    opcodes, operands, attributes = columns._opcodes, columns._operands, columns._attributes
+    for i in range(target, -1, -1):
+        g = cotangents.get(i)
+        if g is None or opcodes[i].is_source or not flows[i]:
+            continue
+        inputs = operands[i]
+        contributions = opcodes[i].rule(
+            *(payload(j) for j in inputs), payload(i), g, **dict(attributes[i])
+        )
+        for j, c in zip(inputs, contributions):
+            if c is None or not flows[j]:
+                continue
+            previous = cotangents.get(j)
+            cotangents[j] = c if previous is None else previous + c
+    return cotangents
+
+
+# ---- the backward scan over a Run ------------------------------------------------------
+
+
+class Gradients:
+    """Node-grain gradients: ``gradients[symbol]`` is d target / d node (zeros if unreached)."""
+
+    __slots__ = ("_network", "_arrays", "_target")
+
+    def __init__(self, network, arrays: dict[int, np.ndarray], target: int):
+        self._network = network
+        self._arrays = arrays
+        self._target = target
+
+    def __getitem__(self, symbol) -> np.ndarray:
+        i = self._network.check(symbol)
+        array = self._arrays.get(i)
+        if array is None:
+            spec = self._network._specs[i]
+            if not isinstance(spec.dtype, np.dtype):
+                raise SymbolError(f"{symbol!r} is a selection; selections have no gradient")
+            array = np.zeros(spec.shape, dtype=spec.dtype)
+            array.flags.writeable = False
+        return array
+
+    def reached(self, symbol) -> bool:
+        """True when a cotangent actually flowed into ``symbol``."""
+        return self._network.check(symbol) in self._arrays
+
+    def parameters(self, parameters):
+        """Project onto parameter slots: a Parameters table shaped like ``parameters``."""
+        from .parameters import Parameters
+
+        if parameters._family is not self._network.family:
+            raise SymbolError("these Parameters belong to another network family")
+        return Parameters._of(parameters._family, [(s, self[s]) for s in parameters.symbols()])
+
+    def __repr__(self) -> str:
+        return f"<Gradients of %{self._target}: {len(self._arrays)} nodes reached>"
+
+
+Field = Gradients
+
+
+def backward(run, target) -> Gradients:
+    """The backward scan over a finished run: d target / d every node."""
+    network = run.network
+    t = network.check(target, "target")
+    if t not in run._values:
+        raise SymbolError(f"{target!r} was not computed by this run")
+    shape = network._specs[t].shape
+    if shape != ():
+        raise DifferentiationError(
+            f"backward needs a rank-0 target, but {target!r} has shape {list(shape)} "
+            f"(recorded at {network._sites[t]}); reduce it with .sum() or .mean() first, "
+            "or use tape.vjp with an explicit seed"
+        )
+    specs = network._specs
+
+    def payload(i):
+        if i not in run._values:
+            raise SymbolError(
+                f"the backward scan needs %{i}, which this run did not keep; "
+                "run the whole spec or declare it"
+            )
+        return Eager(run._values[i], specs[i].dtype)
+
+    seed = Eager(_ones(specs[t]))
+    cotangents = scan(network, t, seed, payload)
+    arrays = {}
+    for i, c in cotangents.items():
+        array = np.asarray(c.array)
+        array.flags.writeable = False
+        arrays[i] = array
+    return Gradients(network, arrays, t)
+
+
+def _ones(spec) -> np.ndarray:
+    array = np.ones(spec.shape, dtype=spec.dtype)
+    array.flags.writeable = False
+    return array
+
+
+# ---- recorded reverse mode ---------------------------------------------------------------
+
+
+class Adjoints:
+    """What differentiate/vjp appended: the target and one gradient per ``wrt``, in order.
+
+    While the tape is open the entries are Values (ready for more
+    recording, e.g. a Hessian-vector product); ``detach()`` gives Symbols.
+    """
+
+    __slots__ = ("target", "wrt", "gradients")
+
+    def __init__(self, target, wrt: tuple, gradients: tuple):
+        self.target = target
+        self.wrt = wrt
+        self.gradients = gradients
+
+    def __getitem__(self, wrt):
+        key = _symbol_of(wrt)
+        for w, g in zip(self.wrt, self.gradients):
+            if _symbol_of(w) == key:
+                return g
+        raise SymbolError(f"{wrt!r} is not among this adjoint's wrt")
+
+    def pairs(self) -> list[tuple]:
+        """(wrt, gradient) in wrt order."""
+        return list(zip(self.wrt, self.gradients))
+
+    def roots(self) -> list:
+        """Target then gradients: a ready-made root list for a training entry."""
+        return [self.target, *self.gradients]
+
+    def detach(self) -> "Adjoints":
+        from .tape import detach
+
+        return Adjoints(detach(self.target), tuple(detach(self.wrt)), tuple(detach(self.gradients)))
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{_symbol_of(w)!r}->{_symbol_of(g)!r}" for w, g in self.pairs())
+        return f"Adjoints(target={_symbol_of(self.target)!r}, {pairs})"
+
+
+def _symbol_of(x):
+    return x.symbol if hasattr(x, "symbol") else x
+
+
+def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Adjoints:
+    """Append the reverse scan of ``target`` (seeded by ``seed``) to ``tape``; see Tape.vjp."""
+    from .tape import Value
+
+    tape._check_open()
+    target_value = _on_tape(tape, target, "target")
+    wrt_values = tuple(_on_tape(tape, w, "wrt") for w in wrt)
+    for w in wrt_values:
+        kind = tape._opcodes[w._index].name
+        if kind not in ("parameter", "input"):
+            raise DifferentiationError(
+                f"wrt {w.symbol!r} is a {kind} node (recorded at {tape._sites[w._index]}); "
+                "differentiate with respect to parameters or inputs"
+            )
+    t = target_value._index
+    spec = tape._specs[t]
+    if require_scalar and spec.shape != ():
+        raise DifferentiationError(
+            f"differentiate needs a rank-0 loss, but {target_value.symbol!r} has shape "
+            f"{list(spec.shape)} (recorded at {tape._sites[t]}); reduce it with .sum() or "
+            ".mean(), or call tape.vjp(target, seed, wrt) with a seed of that shape"
+        )
+    start = len(tape)
+    if seed is None:
+        seed_value = tape.leaf(_ones(spec))
+    elif isinstance(seed, Value) or hasattr(seed, "symbol"):
+        seed_value = _on_tape(tape, seed, "seed")
+    else:
+        seed_value = tape.leaf(np.asarray(seed, dtype=spec.dtype))
+    if seed_value.shape != spec.shape or seed_value.dtype != spec.dtype:
+        raise DifferentiationError(
+            f"the seed has shape {list(seed_value.shape)} {seed_value.dtype}, "
+            f"the target {list(spec.shape)} {spec.dtype}; they must match"
+        )
+    cotangents = scan(tape, t, seed_value, lambda i: Value(tape, i))
+    gradients = []
+    for w in wrt_values:
+        g = cotangents.get(w._index)
+        if g is None:  # not an ancestor: a recorded zero, never an error
+            g = tape.leaf(np.zeros(w.shape, dtype=w.dtype))
+        gradients.append(g)
+    kept = _compact(tape, start, [seed_value, *gradients])
+    return Adjoints(target_value, wrt_values, tuple(Value(tape, kept[g._index]) for g in gradients))
+
+
+def _on_tape(tape, x, role: str):
+    from .tape import Value
+
+    if isinstance(x, Value):
+        if x._tape is not tape:
+            raise SymbolError(f"{role} {x.symbol!r} is a Value of another tape")
+        return x
+    try:
+        return tape.resolve(x)
+    except SymbolError as error:
+        raise SymbolError(f"{role}: {error}") from None
+
+
+def _compact(tape, start: int, keep) -> dict[int, int]:
+    """Drop nodes appended since ``start`` that no kept node needs; return old -> new indices.
+
+    Rules compute every operand's cotangent; the ones nobody asked for
+    (say, the gradient of a constant exponent) are removed before any
+    Value of them escapes, so describe shows only the chain rule in use.
+    """
+    end = len(tape)
+    needed = set()
+    stack = [v._index for v in keep if v._index >= start]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        stack.extend(j for j in tape._operands[i] if j >= start)
+    renumber = {i: i for i in range(start)}
+    columns = (tape._opcodes, tape._operands, tape._attributes, tape._specs, tape._sites)
+    rows = [tuple(c[i] for c in columns) for i in range(start, end)]
+    payloads = {i: tape._payloads.pop(i) for i in range(start, end) if i in tape._payloads}
+    for column in columns:
+        del column[start:]
+    for offset, row in enumerate(rows):
+        old = start + offset
+        if old not in needed:
+            continue
+        new = len(tape._opcodes)
+        renumber[old] = new
+        opcode, operands, attributes, spec, site = row
+        tape._opcodes.append(opcode)
+        tape._operands.append(tuple(renumber[j] for j in operands))
+        tape._attributes.append(attributes)
+        tape._specs.append(spec)
+        tape._sites.append(site)
+        if old in payloads:
+            tape._payloads[new] = payloads[old]
+    return renumber
+
+
+def recorded_gradients(run, adjoints, parameters):
+    """A Parameters table of the recorded gradients a run computed (zeros for other slots)."""
+    from .parameters import Parameters
+
+    network = run.network
+    by_wrt = {_symbol_of(w).index: _symbol_of(g) for w, g in adjoints.pairs()}
+    pairs = []
+    for symbol, array in parameters.items():
+        g = by_wrt.get(symbol.index)
+        pairs.append((symbol, np.zeros_like(array) if g is None else run[g]))
+    if parameters._family is not network.family:
+        raise SymbolError("these Parameters belong to another network family")
+    return Parameters._of(parameters._family, pairs)

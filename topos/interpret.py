@@ -1,0 +1,116 @@
+"""The oracle: walk the spec in recording order with the reference kernels.
+
+Its bits are the truth every faster path is graded against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .element import SelectionType, check_indices, short_name
+from .errors import FeedError, SymbolError
+from .run import Run
+
+
+def bind_parameters(network, parameters, wanted=None) -> dict[int, np.ndarray]:
+    """Check a Parameters table against the network and return arrays by node index."""
+    from .parameters import Parameters
+
+    if not isinstance(parameters, Parameters):
+        raise FeedError(f"expected a Parameters table (network.parameters()), got {type(parameters).__name__}")
+    if parameters._family is not network.family:
+        raise SymbolError("these Parameters belong to another network family")
+    bound = {}
+    for i in network._slots:
+        if wanted is not None and i not in wanted:
+            continue
+        position = parameters._position.get(i)
+        if position is None:
+            raise FeedError(
+                f"parameter %{i} has no slot in this table; after reopen(), use "
+                "parameters.carried(network) to add the new slots"
+            )
+        array = parameters._arrays[position]
+        spec = network._specs[i]
+        if array.shape != spec.shape or array.dtype != spec.dtype:
+            raise FeedError(
+                f"parameter %{i} holds {list(array.shape)} {array.dtype}, "
+                f"the spec records {list(spec.shape)} {short_name(spec.dtype)}"
+            )
+        bound[i] = array
+    return bound
+
+
+def bind_feeds(network, feeds) -> dict[int, np.ndarray]:
+    """Check feeds ({input symbol: array-like}) and return read-only arrays by node index."""
+    bound = {}
+    for symbol, value in (feeds or {}).items():
+        i = network.check(symbol, "fed symbol")
+        if network._opcodes[i].name != "input":
+            raise FeedError(
+                f"%{i} is a {network._opcodes[i].name}, not an input; only inputs can be fed "
+                f"(recorded at {network._sites[i]})"
+            )
+        spec = network._specs[i]
+        bound[i] = _coerce_feed(i, value, spec, network._sites[i])
+    return bound
+
+
+def _coerce_feed(i, value, spec, site) -> np.ndarray:
+    where = f"input %{i} (recorded at {site})"
+    if isinstance(spec.dtype, SelectionType):
+        array = np.asarray(value)
+        if array.dtype.kind not in "iu":
+            raise FeedError(f"{where} is a selection; feed integer indices, got {array.dtype}")
+        array = array.astype(np.int64)
+        try:
+            check_indices(array, spec.dtype.extent)
+        except ValueError as error:
+            raise FeedError(f"{where}: {error}") from None
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype != spec.dtype:
+            raise FeedError(
+                f"{where} expects element type {short_name(spec.dtype)}, got {array.dtype}; "
+                f"convert with .astype(...) first"
+            )
+    else:
+        array = np.asarray(value, dtype=spec.dtype)
+    if array.shape != spec.shape:
+        raise FeedError(f"{where} expects shape {list(spec.shape)}, got {list(array.shape)}")
+    array = np.array(array)
+    array.flags.writeable = False
+    return array
+
+
+def source_value(network, i, parameters, feeds):
+    name = network._opcodes[i].name
+    if name == "parameter":
+        return parameters[i]
+    if name == "input":
+        return feeds.get(i, network._payloads[i])
+    return network._payloads[i]
+
+
+def evaluate(network, order, parameters, feeds) -> dict[int, np.ndarray]:
+    """Evaluate the nodes in ``order`` (ascending indices) with the reference kernels."""
+    values: dict[int, np.ndarray] = {}
+    opcodes, operands, attributes = network._opcodes, network._operands, network._attributes
+    for i in order:
+        opcode = opcodes[i]
+        if opcode.is_source:
+            values[i] = source_value(network, i, parameters, feeds)
+            continue
+        out = np.asarray(opcode.kernel(*(values[j] for j in operands[i]), **dict(attributes[i])))
+        out.flags.writeable = False
+        values[i] = out
+    return values
+
+
+def interpret(network, parameters, feeds, wanted=None) -> Run:
+    """Run the spec (or the ancestor closure ``wanted``) and return a Run."""
+    bound_parameters = bind_parameters(network, parameters, wanted)
+    bound_feeds = bind_feeds(network, feeds)
+    order = range(len(network)) if wanted is None else sorted(wanted)
+    values = evaluate(network, order, bound_parameters, bound_feeds)
+    return Run(network, values, readable=None if wanted is None else frozenset(wanted))

@@ -1,0 +1,253 @@
+"""The sealed spec: an immutable, uncopyable record of every node.
+
+Everything downstream (runs, gradients, plans, MLIR) reads a Network and
+never changes it. Weights live outside, in caller-owned Parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+from .element import short_name
+from .errors import SealedError, SymbolError
+from .opcodes import Opcode, Spec
+from .provenance import Site
+from .symbol import Family, Symbol
+
+
+@dataclass(frozen=True)
+class Node:
+    """A snapshot of one recorded node."""
+
+    symbol: Symbol
+    opcode: Opcode
+    operands: tuple[Symbol, ...]
+    attributes: Mapping[str, Any]
+    shape: tuple[int, ...]
+    dtype: Any
+    site: Site
+
+    @property
+    def index(self) -> int:
+        return self.symbol.index
+
+    @property
+    def is_source(self) -> bool:
+        return self.opcode.is_source
+
+    def __str__(self) -> str:
+        return describe_line(
+            self.index,
+            self.opcode,
+            tuple(s.index for s in self.operands),
+            tuple(self.attributes.items()),
+            Spec(self.shape, self.dtype),
+            None,
+        )
+
+
+class Network:
+    """A sealed tape: the spec every later stage reads. Immutable and not copyable."""
+
+    __slots__ = (
+        "_family", "_opcodes", "_operands", "_attributes", "_specs", "_sites", "_payloads",
+        "_slots", "_inputs", "_consumers",
+    )
+
+    def __init__(self):
+        raise TypeError("a Network comes from Tape.record(...) or tape.seal()")
+
+    @classmethod
+    def _from_tape(cls, tape) -> "Network":
+        self = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(self, "_family", tape._family)
+        set_(self, "_opcodes", tuple(tape._opcodes))
+        set_(self, "_operands", tuple(tape._operands))
+        set_(self, "_attributes", tuple(tape._attributes))
+        set_(self, "_specs", tuple(tape._specs))
+        set_(self, "_sites", tuple(tape._sites))
+        set_(self, "_payloads", MappingProxyType(dict(tape._payloads)))
+        names = [op.name for op in self._opcodes]
+        set_(self, "_slots", tuple(i for i, n in enumerate(names) if n == "parameter"))
+        set_(self, "_inputs", tuple(i for i, n in enumerate(names) if n == "input"))
+        set_(self, "_consumers", None)
+        return self
+
+    def __setattr__(self, name, value):
+        raise SealedError("a Network is immutable; reopen() it to record more")
+
+    def __copy__(self):
+        raise SealedError(
+            "a Network is not copyable: history stays linear. Share it by reference; "
+            "copy Parameters for a what-if instead"
+        )
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        self.__copy__()
+
+    # -- reading the spec -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._opcodes)
+
+    @property
+    def family(self) -> Family:
+        return self._family
+
+    def check(self, symbol: Symbol, what: str = "symbol") -> int:
+        """The node index of ``symbol``, or a SymbolError saying why it is not ours."""
+        if not isinstance(symbol, Symbol):
+            raise SymbolError(f"{what} {symbol!r} is a {type(symbol).__name__}, not a Symbol")
+        if symbol.family is not self._family:
+            raise SymbolError(f"{what} {symbol!r} belongs to another tape, not to this network")
+        if not 0 <= symbol.index < len(self._opcodes):
+            raise SymbolError(
+                f"{what} {symbol!r} was recorded after this network was sealed "
+                f"(it has {len(self._opcodes)} nodes); use the newer network"
+            )
+        return symbol.index
+
+    def symbol(self, index: int) -> Symbol:
+        return Symbol(self._family, index)
+
+    def node(self, symbol: Symbol) -> Node:
+        """The node named by ``symbol``."""
+        return self._node(self.check(symbol))
+
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node in recording order."""
+        return tuple(self._node(i) for i in range(len(self)))
+
+    def _node(self, i: int) -> Node:
+        return Node(
+            self.symbol(i),
+            self._opcodes[i],
+            tuple(self.symbol(j) for j in self._operands[i]),
+            MappingProxyType(dict(self._attributes[i])),
+            self._specs[i].shape,
+            self._specs[i].dtype,
+            self._sites[i],
+        )
+
+    def payload(self, symbol: Symbol) -> np.ndarray | None:
+        """The recorded payload of a source (leaf value, parameter initial, input default)."""
+        return self._payloads.get(self.check(symbol))
+
+    def parameter_symbols(self) -> tuple[Symbol, ...]:
+        return tuple(self.symbol(i) for i in self._slots)
+
+    def input_symbols(self) -> tuple[Symbol, ...]:
+        return tuple(self.symbol(i) for i in self._inputs)
+
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the nodes that read it, in recording order."""
+        if self._consumers is None:
+            readers: list[list[int]] = [[] for _ in self._opcodes]
+            for i, operands in enumerate(self._operands):
+                for j in operands:
+                    if not readers[j] or readers[j][-1] != i:
+                        readers[j].append(i)
+            object.__setattr__(self, "_consumers", tuple(tuple(r) for r in readers))
+        return self._consumers
+
+    def describe(self, sites: bool = False) -> str:
+        """One line per node (index, opcode, operands, attributes, shape, dtype), then a summary."""
+        return describe_columns(self, "network", sites)
+
+    def __repr__(self) -> str:
+        return f"<Network {len(self)} nodes, {len(self._slots)} parameters, {len(self._inputs)} inputs>"
+
+    # -- state and runs ----------------------------------------------------------------------
+    def parameters(self):
+        """A fresh Parameters table holding every parameter's record-site initial."""
+        from .parameters import Parameters
+
+        return Parameters._of(self._family, [(self.symbol(i), self._payloads[i]) for i in self._slots])
+
+    def forward(self, parameters, feeds=None):
+        """Run the whole spec with the oracle (reference paths, exact bits) -> Run."""
+        from .interpret import interpret
+
+        return interpret(self, parameters, feeds, wanted=None)
+
+    def reopen(self):
+        """A tape continuing this spec: every symbol stays valid; each network reopens once."""
+        from .tape import Tape
+
+        if len(self) in self._family.reopened_at:
+            raise SealedError(
+                "this network was already reopened; history stays linear, so continue "
+                "from the network that reopening produced"
+            )
+        self._family.reopened_at.add(len(self))
+        tape = Tape(_family=self._family)
+        tape._opcodes = list(self._opcodes)
+        tape._operands = list(self._operands)
+        tape._attributes = list(self._attributes)
+        tape._specs = list(self._specs)
+        tape._sites = list(self._sites)
+        tape._payloads = dict(self._payloads)
+        return tape
+
+
+# ---- describe ---------------------------------------------------------------------------
+
+
+def _format_attribute(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _leaf_summary(payload: np.ndarray) -> str:
+    """``value=c`` for a uniform float leaf, so constants read at a glance."""
+    if payload.dtype.kind in "iu":
+        return ""
+    values = payload.astype(np.float64).reshape(-1)
+    if np.all(values == values[0]):
+        return f"value={_number(values[0])}"
+    return ""
+
+
+def _number(x: float) -> str:
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def describe_line(index, opcode, operands, attributes, spec, payload) -> str:
+    args = "(" + ", ".join(str(j) for j in operands) + ")"
+    attrs = " ".join(f"{k}={_format_attribute(v)}" for k, v in attributes)
+    if opcode.name == "leaf" and payload is not None:
+        attrs = _leaf_summary(payload)
+    return f"{index:>5}  {opcode.name:<15} {args:<12} {attrs:<34} {list(spec.shape)} {short_name(spec.dtype)}".rstrip()
+
+
+def plural(n: int, noun: str) -> str:
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {'leaves' if noun == 'leaf' else noun + 's'}"
+
+
+def describe_columns(columns, kind: str, sites: bool = False) -> str:
+    lines = []
+    for i, opcode in enumerate(columns._opcodes):
+        line = describe_line(
+            i, opcode, columns._operands[i], columns._attributes[i], columns._specs[i],
+            columns._payloads.get(i),
+        )
+        if sites:
+            line = f"{line:<90}  # {columns._sites[i]}"
+        lines.append(line)
+    names = [op.name for op in columns._opcodes]
+    counts = ", ".join(
+        plural(names.count(source), source) for source in ("parameter", "input", "leaf")
+    )
+    lines.append(f"{kind}: {plural(len(names), 'node')} ({counts})")
+    return "\n".join(lines)

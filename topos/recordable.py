@@ -1,0 +1,362 @@
+"""The recordable vocabulary: every opcode and composite as an operator or method.
+
+``Recordable`` is the one interface derivative rules are written against.
+A payload that inherits it only says how to express one opcode
+(``_express``) and how to make a constant (``_constant``):
+
+* a tape ``Value`` records a node,
+* an ``Eager`` array computes with the reference kernels,
+* a user's payload (a dual number, an interval) does what it likes.
+
+The composites at the bottom (relu, softmax, broadcast_to, ...) are plain
+compositions of opcodes, so every payload gets them for free and a tape
+records only primitives.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+from .opcodes import by_name
+
+_OP = by_name  # readability: _OP("add")
+
+_SQRT_HALF = math.sqrt(0.5)
+
+
+class Recordable:
+    """Operators and methods shared by every payload that speaks the vocabulary."""
+
+    __slots__ = ()
+    __array_priority__ = 1000  # so ndarray (op) Value defers to us
+
+    # -- what a payload must provide ------------------------------------------------
+    shape: tuple[int, ...]
+    dtype: object
+
+    def _express(self, opcode, operands, attributes):
+        raise NotImplementedError
+
+    def _constant(self, array: np.ndarray):
+        raise NotImplementedError
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _lift(self, other):
+        """A Python number or an array beside a payload becomes a constant of its shape and dtype."""
+        if isinstance(other, Recordable):
+            return other
+        if isinstance(other, numbers.Real) and not isinstance(other, bool):
+            return self._constant(np.full(self.shape, other, dtype=self.dtype))
+        if isinstance(other, np.ndarray):
+            return self._constant(np.asarray(other, dtype=self.dtype))
+        return NotImplemented
+
+    def _binary(self, name, other, reverse=False):
+        other = self._lift(other)
+        if other is NotImplemented:
+            return NotImplemented
+        operands = (other, self) if reverse else (self, other)
+        return self._express(_OP(name), operands, {})
+
+    def _unary(self, name, **attributes):
+        return self._express(_OP(name), (self,), attributes)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    # -- elementwise opcodes -------------------------------------------------------------
+    def __add__(self, other):
+        return self._binary("add", other)
+
+    def __radd__(self, other):
+        return self._binary("add", other, reverse=True)
+
+    def __sub__(self, other):
+        return self._binary("sub", other)
+
+    def __rsub__(self, other):
+        return self._binary("sub", other, reverse=True)
+
+    def __mul__(self, other):
+        return self._binary("mul", other)
+
+    def __rmul__(self, other):
+        return self._binary("mul", other, reverse=True)
+
+    def __truediv__(self, other):
+        return self._binary("div", other)
+
+    def __rtruediv__(self, other):
+        return self._binary("div", other, reverse=True)
+
+    def __pow__(self, other):
+        return self._binary("pow", other)
+
+    def __rpow__(self, other):
+        return self._binary("pow", other, reverse=True)
+
+    def __neg__(self):
+        return self._unary("neg")
+
+    def __matmul__(self, other):
+        return self._binary("matmul", other)
+
+    def __rmatmul__(self, other):
+        return self._binary("matmul", other, reverse=True)
+
+    def add(self, other):
+        return self + other
+
+    def sub(self, other):
+        return self - other
+
+    def mul(self, other):
+        return self * other
+
+    def div(self, other):
+        return self / other
+
+    def pow(self, exponent):
+        return self ** exponent
+
+    def neg(self):
+        return -self
+
+    def matmul(self, other):
+        return self @ other
+
+    def maximum(self, other):
+        """Elementwise maximum; ties go to self."""
+        return self._binary("maximum", other)
+
+    def step(self, threshold):
+        """1 where self >= threshold, else 0 (derivative zero)."""
+        return self._binary("step", threshold)
+
+    def map(self, function: str):
+        """Apply one of the map functions by name (exp, log, sqrt, tanh, ...)."""
+        return self._unary("map", function=function)
+
+    def exp(self):
+        return self.map("exp")
+
+    def log(self):
+        return self.map("log")
+
+    def sqrt(self):
+        return self.map("sqrt")
+
+    def tanh(self):
+        return self.map("tanh")
+
+    def sin(self):
+        return self.map("sin")
+
+    def cos(self):
+        return self.map("cos")
+
+    def log1p(self):
+        return self.map("log1p")
+
+    def expm1(self):
+        return self.map("expm1")
+
+    def erf(self):
+        return self.map("erf")
+
+    def erf_derivative(self):
+        """2/sqrt(pi) * exp(-x**2), the derivative of erf."""
+        return self.map("erf_derivative")
+
+    # -- reductions and shape opcodes ----------------------------------------------------
+    def sum(self):
+        """Sum of every element (rank 0)."""
+        return self._unary("sum")
+
+    def sum_along(self, axis: int):
+        return self._unary("sum_along", axis=axis)
+
+    def broadcast(self, shape: Sequence[int]):
+        """Fill ``shape`` with this single-element tensor."""
+        return self._unary("broadcast", shape=tuple(shape))
+
+    def broadcast_along(self, axis: int, extent: int):
+        """Insert a new axis at ``axis`` with ``extent`` copies."""
+        return self._unary("broadcast_along", axis=axis, extent=extent)
+
+    def reshape(self, shape: Sequence[int]):
+        return self._unary("reshape", shape=tuple(shape))
+
+    def permute(self, order: Sequence[int]):
+        return self._unary("permute", order=tuple(order))
+
+    def narrow(self, axis: int, start: int, length: int):
+        return self._unary("narrow", axis=axis, start=start, length=length)
+
+    def pad(self, axis: int, start: int, extent: int):
+        return self._unary("pad", axis=axis, start=start, extent=extent)
+
+    def unfold(self, axis: int, size: int, step: int = 1, dilation: int = 1):
+        return self._unary("unfold", axis=axis, size=size, step=step, dilation=dilation)
+
+    def fold(self, axis: int, size: int, step: int, dilation: int, extent: int):
+        return self._unary("fold", axis=axis, size=size, step=step, dilation=dilation, extent=extent)
+
+    def gather(self, selection):
+        """Rows of this table picked by ``selection``."""
+        return self._express(_OP("gather"), (self, selection), {})
+
+    def scatter(self, selection, extent: int | None = None):
+        """Add rows into ``extent`` zero rows at the selection's indices (gather's adjoint)."""
+        if extent is None:
+            extent = selection.dtype.extent
+        return self._express(_OP("scatter"), (self, selection), {"extent": extent})
+
+    def log_softmax(self, axis: int):
+        return self._unary("log_softmax", axis=axis)
+
+    def logsumexp(self, axis: int):
+        return self._unary("logsumexp", axis=axis)
+
+    # -- composites: spellings that record only the opcodes above -------------------
+    def relu(self):
+        """max(x, 0)."""
+        return self.maximum(0.0)
+
+    def abs(self):
+        """max(x, -x)."""
+        return self.maximum(-self)
+
+    def softplus(self):
+        """log(1 + exp(x)), stable: relu(x) + log1p(exp(-|x|))."""
+        return self.relu() + (-self.abs()).exp().log1p()
+
+    def gelu(self):
+        """Exact GELU: x * (1 + erf(x / sqrt(2))) / 2."""
+        return self * (1.0 + (self * _SQRT_HALF).erf()) * 0.5
+
+    def softmax(self, axis: int):
+        """exp(log_softmax(x))."""
+        return self.log_softmax(axis).exp()
+
+    def mean(self):
+        """Mean of every element (rank 0)."""
+        return self.sum() / float(_volume(self.shape))
+
+    def mean_along(self, axis: int):
+        return self.sum_along(axis) / float(self.shape[axis])
+
+    def transpose(self, order: Sequence[int] | None = None):
+        """Reverse the axes (NumPy's ``.T``), or permute by ``order``."""
+        return self.permute(tuple(reversed(range(self.ndim))) if order is None else order)
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    def squeeze(self, axis: int):
+        """Remove a size-1 axis."""
+        if not 0 <= axis < self.ndim or self.shape[axis] != 1:
+            raise ValueError(f"squeeze: axis {axis} of shape {list(self.shape)} is not a size-1 axis")
+        return self.reshape(self.shape[:axis] + self.shape[axis + 1 :])
+
+    def unsqueeze(self, axis: int):
+        """Insert a size-1 axis at ``axis``."""
+        if not 0 <= axis <= self.ndim:
+            raise ValueError(f"unsqueeze: axis {axis} is out of range for shape {list(self.shape)}")
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def broadcast_to(self, shape: Sequence[int]):
+        """NumPy's broadcasting rule, recorded as reshape and broadcast_along (or one broadcast)."""
+        return _broadcast_to(self, tuple(shape))
+
+    def broadcast_like(self, other):
+        return self.broadcast_to(other.shape)
+
+
+def _volume(shape) -> int:
+    return math.prod(shape)
+
+
+def _broadcast_to(x, shape):
+    from .errors import ShapeError
+
+    source = x.shape
+    if len(source) > len(shape) or any(
+        s not in (1, t) for s, t in zip(reversed(source), reversed(shape))
+    ):
+        raise ShapeError(
+            f"broadcast_to: {list(source)} cannot broadcast to {list(shape)} under NumPy's rule "
+            "(trailing axes must match or be 1)"
+        )
+    if source == shape:
+        return x
+    if _volume(source) == 1:
+        return x.broadcast(shape)
+    aligned = (1,) * (len(shape) - len(source)) + source
+    kept = [i for i, (s, t) in enumerate(zip(aligned, shape)) if s == t]
+    core = tuple(aligned[i] for i in kept)
+    y = x if core == source else x.reshape(core)
+    for axis, extent in enumerate(shape):
+        if axis not in kept:
+            y = y.broadcast_along(axis, extent)
+    return y
+
+
+def concat(values: Sequence[Recordable], axis: int):
+    """Join tensors along an existing axis: each is zero-padded to the total and summed."""
+    values = list(values)
+    if not values:
+        raise ValueError("concat needs at least one value")
+    total = sum(v.shape[axis] for v in values)
+    offset, result = 0, None
+    for v in values:
+        placed = v if v.shape[axis] == total else v.pad(axis, offset, total)
+        result = placed if result is None else result + placed
+        offset += v.shape[axis]
+    return result
+
+
+def stack(values: Sequence[Recordable], axis: int):
+    """Join equal-shaped tensors along a new axis."""
+    return concat([v.unsqueeze(axis) for v in values], axis)
+
+
+class Eager(Recordable):
+    """An array payload: expressing an opcode runs its reference kernel."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: np.ndarray, dtype=None):
+        self.array = array
+        self.dtype = array.dtype if dtype is None else dtype
+
+    @property
+    def shape(self):
+        return self.array.shape
+
+    def _express(self, opcode, operands, attributes):
+        arrays = [o.array if isinstance(o, Eager) else o for o in operands]
+        out = np.asarray(opcode.kernel(*arrays, **attributes))
+        out.flags.writeable = False
+        return Eager(out)
+
+    def _constant(self, array):
+        array.flags.writeable = False
+        return Eager(array)
+
+    def __repr__(self) -> str:
+        return f"Eager({self.array!r})"
+
+
+def eager(x) -> Eager:
+    return x if isinstance(x, Eager) else Eager(np.asarray(x))
+
+
+def uneager(x) -> np.ndarray:
+    return x.array if isinstance(x, Eager) else x

@@ -1,0 +1,53 @@
+"""A Run: the values one execution computed, readable by symbol."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import SymbolError
+
+
+class Run:
+    """The result of one forward execution: ``run[symbol]`` is a read-only array."""
+
+    __slots__ = ("_network", "_values", "_readable")
+
+    def __init__(self, network, values: dict[int, np.ndarray], readable=None):
+        self._network = network
+        self._values = values
+        self._readable = readable  # None: every node may be read
+
+    @property
+    def network(self):
+        return self._network
+
+    def __getitem__(self, symbol) -> np.ndarray:
+        i = self._network.check(symbol)
+        if self._readable is not None and i not in self._readable:
+            raise SymbolError(
+                f"{symbol!r} was not declared by this run's entry (roots and observes); "
+                "declare it to read it"
+            )
+        return self._values[i]
+
+    def backward(self, target):
+        """The backward scan: gradients of the rank-0 ``target`` at every node -> Gradients."""
+        from .differentiate import backward
+
+        return backward(self, target)
+
+    def recorded_gradients(self, adjoints, parameters):
+        """The gradients ``differentiate`` recorded, read from this run as a Parameters table."""
+        from .differentiate import recorded_gradients
+
+        return recorded_gradients(self, adjoints, parameters)
+
+    def __contains__(self, symbol) -> bool:
+        try:
+            self[symbol]
+        except SymbolError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"<Run over {len(self._values)} of {len(self._network)} nodes>"

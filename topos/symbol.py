@@ -1,0 +1,37 @@
+"""Symbols: the detached names of nodes, valid across sealing and reopening."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+_families = itertools.count(1)
+
+
+class Family:
+    """The identity shared by a tape and every network sealed or reopened from it."""
+
+    __slots__ = ("number", "reopened_at")
+
+    def __init__(self):
+        self.number = next(_families)
+        # Lengths of the networks already reopened: history stays linear, so
+        # each sealed prefix may be continued once.
+        self.reopened_at: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"family {self.number}"
+
+
+@dataclass(frozen=True, eq=True)
+class Symbol:
+    """The name of one node: its tape family and its index. Nodes never move."""
+
+    family: Family
+    index: int
+
+    def __repr__(self) -> str:
+        return f"%{self.index}"
+
+    def __hash__(self) -> int:
+        return hash((id(self.family), self.index))
