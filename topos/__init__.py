@@ -17,6 +17,7 @@ from .errors import (
 from .network import Network, Node
 from .opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
 from .parameters import Parameters
+from .plan import Candidate, Entry, Numerics, Plan
 from .recordable import Recordable, concat, stack
 from .run import Run
 from .symbol import Symbol
@@ -27,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "Field", "Gradients",
     "DifferentiationError", "FeedError", "Network", "Node", "Opcode", "Parameters",
-    "Recordable", "Run", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol",
+    "Recordable", "Run", "Candidate", "Entry", "Numerics", "Plan", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol",
     "SymbolError", "Tape", "ToposError", "Value",
     "bfloat16", "by_name", "concat", "detach", "float32", "float64", "selection", "stack",
 ]

@@ -64,7 +64,8 @@ def _neighbours(points, dtype: np.dtype, steps: int = 3) -> np.ndarray:
 
 def all_bfloat16() -> np.ndarray:
     """Every finite bfloat16 value, as float64."""
-    values = np.arange(1 << 16, dtype=np.uint16).view(BFLOAT16).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        values = np.arange(1 << 16, dtype=np.uint16).view(BFLOAT16).astype(np.float64)
     return values[np.isfinite(values)]
 
 

@@ -177,6 +177,12 @@ class Network:
 
         return interpret(self, parameters, feeds, wanted=None)
 
+    def entry(self, roots, observe=(), numerics=None):
+        """Declare an export: what runs may read (roots, observes) and how they compute."""
+        from .plan import Entry, Numerics
+
+        return Entry(self, roots, observe, Numerics.FAST if numerics is None else numerics)
+
     def reopen(self):
         """A tape continuing this spec: every symbol stays valid; each network reopens once."""
         from .tape import Tape

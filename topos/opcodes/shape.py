@@ -115,7 +115,8 @@ class Permute(Opcode):
         return Spec(tuple(x.shape[i] for i in order), x.dtype)
 
     def kernel(self, x, order):
-        return np.ascontiguousarray(np.transpose(x, order))
+        # .copy() rather than ascontiguousarray, which turns a rank-0 result into shape (1,).
+        return np.transpose(x, order).copy()
 
     def rule(self, x, out, g, order):
         inverse = tuple(int(i) for i in np.argsort(order))

@@ -1,0 +1,82 @@
+"""Entries: a declared export of a network — its roots, what it observes, and its posture."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import SymbolError
+from .numerics import Numerics
+
+
+class Entry:
+    """What a run may read (roots, then observes) and how it may compute (numerics).
+
+    Reading any other symbol from its runs fails loudly, even when the
+    value happens to exist (rule 2).
+    """
+
+    __slots__ = ("network", "roots", "observes", "numerics", "_readable", "_closure")
+
+    def __init__(self, network, roots: Sequence, observe: Sequence = (), numerics: Numerics = Numerics.FAST):
+        if not isinstance(numerics, Numerics):
+            raise TypeError(f"numerics must be Numerics.EXACT or Numerics.FAST, got {numerics!r}")
+        roots = _symbols(roots)
+        observes = _symbols(observe)
+        if not roots:
+            raise SymbolError("an entry needs at least one root")
+        for role, symbols in (("root", roots), ("observed symbol", observes)):
+            for s in symbols:
+                network.check(s, role)
+        self.network = network
+        self.roots = tuple(roots)
+        self.observes = tuple(observes)
+        self.numerics = numerics
+        ordered: list[int] = []
+        for s in (*roots, *observes):
+            if s.index not in ordered:
+                ordered.append(s.index)
+        self._readable = tuple(ordered)
+        self._closure = None
+
+    @property
+    def results(self) -> tuple:
+        """Declared results in order (roots then observes, first occurrence kept)."""
+        return tuple(self.network.symbol(i) for i in self._readable)
+
+    def closure(self) -> frozenset[int]:
+        """The ancestor closure of roots and observes: every node a run must evaluate."""
+        if self._closure is None:
+            operands = self.network._operands
+            seen: set[int] = set()
+            stack = list(self._readable)
+            while stack:
+                n = stack.pop()
+                if n in seen:
+                    continue
+                seen.add(n)
+                stack.extend(operands[n])
+            self._closure = frozenset(seen)
+        return self._closure
+
+    def interpret(self, parameters, feeds=None):
+        """Evaluate only the closure, with this entry's posture, and return a Run of the declared results."""
+        from .plan import execute
+
+        return execute(self.network, sorted(self.closure()), frozenset(self._readable), parameters,
+                       feeds, self.numerics, fusions=(), free_after=None)
+
+    def lower(self):
+        """Derive the Plan: schedule, liveness, elected fusions."""
+        from .plan import Plan
+
+        return Plan(self)
+
+    def __repr__(self) -> str:
+        return (f"Entry(roots={list(self.roots)}, observe={list(self.observes)}, "
+                f"numerics=Numerics.{self.numerics.name})")
+
+
+def _symbols(values) -> list:
+    if hasattr(values, "symbol") or not isinstance(values, (list, tuple)):
+        values = [values]
+    return [v.symbol if hasattr(v, "symbol") else v for v in values]

@@ -1,0 +1,193 @@
+"""Plans: a derived, stateless schedule of what to run, keep and free, plus elected fusions.
+
+A plan holds no parameters and no buffers between runs: one plan serves
+any parameter table, and it keeps serving the prefix it covers after the
+network is reopened. Under Numerics.EXACT its runs reproduce the oracle's
+bits; fusion never reorders float math.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..interpret import bind_feeds, bind_parameters, source_value
+from ..network import describe_line, plural
+from ..run import Run
+from .numerics import Numerics, kernel_for
+from .patterns import Candidate, StructureView, discover, elect, pattern
+
+
+def _nbytes(spec) -> int:
+    itemsize = spec.dtype.itemsize if isinstance(spec.dtype, np.dtype) else 8
+    return int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+
+
+class Plan:
+    """The schedule derived from an Entry: dead nodes dropped, liveness and fusions decided."""
+
+    def __init__(self, entry):
+        self.entry = entry
+        network = self.network = entry.network
+        self.numerics = entry.numerics
+        wanted = entry.closure()
+        readable = frozenset(entry._readable)
+        self._view = StructureView(network, wanted, readable)
+        self._candidates = discover(self._view)
+        self._fusions = elect(self._candidates, self._home_supports)
+        self.schedule: tuple[int, ...] = tuple(sorted(wanted))
+        group_of = {n: g for g in self._fusions for n in g.nodes}
+        self._group_of = group_of
+        # One step per unfused node, one per group (at its root).
+        self._steps: tuple[int, ...] = tuple(
+            n for n in self.schedule if n not in group_of or group_of[n].root == n
+        )
+        position = {n: n if n not in group_of else group_of[n].root for n in self.schedule}
+        last: dict[int, int] = {}
+        for n in self.schedule:
+            for j in network._operands[n]:
+                reader = position[n]
+                if j in group_of and group_of[j].root == reader and j != reader:
+                    continue  # read inside its own group, not a live value
+                last[j] = max(last.get(j, -1), reader)
+        self._free_after: dict[int, list[int]] = {}
+        for j, step in last.items():
+            if j not in readable and not (j in group_of and group_of[j].root != j):
+                self._free_after.setdefault(step, []).append(j)
+        self._last_reader = last
+        self._series = self._account()
+
+    # -- election --------------------------------------------------------------------------
+    def _home_supports(self, candidate: Candidate) -> bool:
+        chosen = pattern(candidate.kind)
+        if self.numerics is Numerics.EXACT and not chosen.bit_identical:
+            return False
+        return chosen.executes
+
+    # -- running ---------------------------------------------------------------------------
+    def forward(self, parameters, feeds=None) -> Run:
+        """Run the plan -> a Run whose readable symbols are the entry's results."""
+        return execute(self.network, self._steps, frozenset(self.entry._readable), parameters, feeds,
+                       self.numerics, self._fusions, self._free_after, wanted=self.entry.closure())
+
+    # -- reading the plan --------------------------------------------------------------------
+    @property
+    def results(self) -> tuple:
+        """The declared results in order: roots then observes."""
+        return self.entry.results
+
+    def nodes(self) -> tuple:
+        """The scheduled nodes (the entry's closure) in execution order."""
+        return tuple(self.network._node(n) for n in self.schedule)
+
+    def candidates(self) -> tuple[Candidate, ...]:
+        """Every fusion offer the catalog found (they may overlap)."""
+        return self._candidates
+
+    def fusions(self) -> tuple[Candidate, ...]:
+        """The offers this plan's NumPy executor elected."""
+        return self._fusions
+
+    def live_series(self) -> tuple[tuple[int, int], ...]:
+        """(node index, live bytes just after it is computed) for every executed step."""
+        return self._series
+
+    def peak(self) -> tuple[int, int]:
+        """(peak live bytes, node index where it happens)."""
+        node, peak = max(self._series, key=lambda s: s[1]) if self._series else (-1, 0)
+        return peak, node
+
+    def retain_all_bytes(self) -> int:
+        """Bytes a run holds if it frees nothing (the oracle's footprint for this closure)."""
+        return sum(_nbytes(self.network._specs[n]) for n in self.schedule
+                   if not self.network._opcodes[n].is_source)
+
+    def _account(self) -> tuple[tuple[int, int], ...]:
+        network = self.network
+        live, series = 0, []
+        for step in self._steps:
+            if not network._opcodes[step].is_source:
+                live += _nbytes(network._specs[step])
+            series.append((step, live))
+            for j in self._free_after.get(step, ()):
+                if not network._opcodes[j].is_source:
+                    live -= _nbytes(network._specs[j])
+        return tuple(series)
+
+    def describe(self) -> str:
+        """Each scheduled node with its liveness label, then the plan's summary."""
+        network, lines = self.network, []
+        results = {n: k for k, n in enumerate(self.entry._readable)}
+        numbers = {g.root: k for k, g in enumerate(self._fusions)}
+        for n in self.schedule:
+            base = describe_line(n, network._opcodes[n], network._operands[n], network._attributes[n],
+                                 network._specs[n], network._payloads.get(n))
+            group = self._group_of.get(n)
+            if group is not None and group.root != n:
+                label = f"fused into G{numbers[group.root]}"
+            elif n in results:
+                label = f"kept (result {results[n]})"
+            elif n in self._last_reader:
+                label = f"freed after {self._last_reader[n]}"
+            else:
+                label = "unread"
+            if group is not None and group.root == n:
+                label += f"; G{numbers[n]} = {group.kind} of {len(group.nodes)} nodes"
+            lines.append(f"{base:<88}  {label}")
+        total = len(network)
+        peak, at = self.peak()
+        retain = self.retain_all_bytes()
+        lines.append(
+            f"plan: {len(self.schedule)} of {plural(total, 'node')} evaluated, "
+            f"{plural(len(self.entry._readable), 'result')}, numerics {self.numerics.value}"
+        )
+        if self._fusions:
+            fused = sum(len(g.nodes) for g in self._fusions)
+            kinds = ", ".join(sorted({g.kind for g in self._fusions}))
+            lines.append(f"fused: {plural(len(self._fusions), 'group')} covering {fused} nodes ({kinds})")
+        lines.append(f"live bytes: peak {peak} at node {at}, retain-all {retain}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Plan {len(self.schedule)} of {len(self.network)} nodes, {self.numerics.value}>"
+
+    # -- emission (the MLIR side is imported only when asked for) ------------------------------
+    def emit_mlir(self) -> str:
+        """This plan as topos-dialect MLIR text (one op per scheduled node)."""
+        from ..dialect.emit import emit_text
+
+        return emit_text(self.network, list(self.entry.roots), list(self.entry.observes))
+
+
+def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics,
+            fusions=(), free_after=None, wanted=None) -> Run:
+    """Evaluate ``steps`` in order, running elected groups at their roots and freeing dead values."""
+    bound_parameters = bind_parameters(network, parameters, wanted if wanted is not None else set(steps))
+    bound_feeds = bind_feeds(network, feeds)
+    roots = {g.root: g for g in fusions}
+    kernels: dict[int, object] = {}
+
+    def kernel_of(n):
+        if n not in kernels:
+            kernels[n] = kernel_for(network._opcodes[n], dict(network._attributes[n]), numerics)
+        return kernels[n]
+
+    values: dict[int, np.ndarray] = {}
+    operands = network._operands
+    for n in steps:
+        if network._opcodes[n].is_source:
+            values[n] = source_value(network, n, bound_parameters, bound_feeds)
+        else:
+            group = roots.get(n)
+            if group is not None:
+                out = pattern(group.kind).execute(group, values.__getitem__, network, kernel_of)
+            else:
+                out = kernel_of(n)(*(values[j] for j in operands[n]))
+            out = np.asarray(out)
+            out.flags.writeable = False
+            values[n] = out
+        if free_after is not None:
+            for j in free_after.get(n, ()):
+                del values[j]
+    return Run(network, values, readable=readable)
