@@ -8,6 +8,7 @@ roundings may this take" serves float64, float32 and bfloat16 alike.
 from __future__ import annotations
 
 import inspect
+import re
 import zlib
 
 import numpy as np
@@ -64,3 +65,20 @@ def assert_close(got, want, dtype, epsilons: float, scale=None, what: str = "") 
 def line_here() -> int:
     """The caller's current line number, to check that errors point at the user's line."""
     return inspect.currentframe().f_back.f_lineno
+
+
+# One describe line: index, opcode, (operands), attributes (optional), [shape], dtype.
+DESCRIBE_LINE = re.compile(
+    r"^\s*(?P<index>\d+)  (?P<opcode>[a-z_]+)\s+\((?P<operands>[\d, ]*)\)\s+"
+    r"(?:(?P<attributes>\S.*?)\s+)?\[(?P<shape>[\d, ]*)\] (?P<dtype>f32|f64|bf16|index<\d+>)$"
+)
+
+
+def described_opcodes(network, start: int = 0) -> list[str]:
+    """The opcode column of ``network.describe()`` from node ``start`` on, attributes appended."""
+    rows = []
+    for line in network.describe().splitlines()[start:-1]:
+        match = DESCRIBE_LINE.match(line)
+        assert match, f"unparseable describe line: {line!r}"
+        rows.append(" ".join(filter(None, (match["opcode"], match["attributes"]))))
+    return rows

@@ -162,6 +162,313 @@ CASES: tuple[Case, ...] = (
         .mean(),
     ),
     # on a kink on purpose: the rule's choice (ties go left) must still be identical bitwise
-    Case("maximum_ties", (real(3, 4), real(3, 4)), lambda a, b: a.maximum(a * 1.0) + b.maximum(b), smooth=False),
+    Case(
+        "maximum_ties",
+        (real(3, 4), real(3, 4)),
+        lambda a, b: a.maximum(a * 1.0) + b.maximum(b),
+        smooth=False,
+    ),
     Case("relu_at_zero", (real(3, 4),), lambda x: (x - x).relu() + x, smooth=False),
 )
+
+
+# ---- the one helper --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A table row recorded in one element type: its loss, wrt and recorded gradients."""
+
+    network: topos.Network
+    loss: topos.Symbol
+    wrt: tuple[topos.Symbol, ...]
+    adjoints: topos.Adjoints
+    second: topos.Symbol | None = None  # sum over wrt of sum(gradient * direction)
+    second_adjoints: topos.Adjoints | None = None
+
+
+def record_case(case: Case, dtype, *, second_order: bool = False) -> Recorded:
+    """Record ``case`` in ``dtype``: loss = sum(out * probe), then differentiate it.
+
+    With ``second_order`` the gradients are contracted with fixed
+    directions into a second rank-0 target, which is differentiated again
+    (reverse over reverse: its gradients are Hessian-vector products).
+    """
+    rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+
+    def model(tape):
+        arguments, wrt = [], []
+        for operand in case.operands:
+            payload = operand.make(rng, dtype)
+            if operand.role == "selection":
+                arguments.append(tape.leaf(payload))
+                continue
+            value = tape.parameter(payload) if operand.role == "parameter" else tape.input(payload)
+            arguments.append(value)
+            wrt.append(value)
+        out = case.build(*arguments)
+        loss = (out * tape.leaf(grid(rng, out.shape, 0.5, 1.5).astype(dtype))).sum()
+        adjoints = tape.differentiate(loss, wrt)
+        if not second_order:
+            return loss, tuple(wrt), adjoints, None, None
+        contractions = [
+            (g * tape.leaf(grid(rng, g.shape, -1.0, 1.0).astype(dtype))).sum()
+            for g in adjoints.gradients
+        ]
+        second = contractions[0]
+        for c in contractions[1:]:
+            second = second + c
+        return loss, tuple(wrt), adjoints, second, tape.differentiate(second, wrt)
+
+    network, recorded = Tape.record(model)
+    return Recorded(network, *recorded)
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    """The raw bit patterns of a float array (so -0.0 and NaN payloads count too)."""
+    array = np.asarray(array)
+    return array.view(f"uint{8 * array.dtype.itemsize}")
+
+
+def assert_bitwise(recorded: np.ndarray, scanned: np.ndarray, what: str) -> None:
+    assert recorded.dtype == scanned.dtype, f"{what}: {recorded.dtype} vs {scanned.dtype}"
+    assert recorded.shape == scanned.shape, f"{what}: {recorded.shape} vs {scanned.shape}"
+    np.testing.assert_array_equal(bits(recorded), bits(scanned), err_msg=what)
+
+
+def assert_recorded_is_scanned(network, target, adjoints, wrt) -> None:
+    """Running the recorded gradient nodes gives the backward scan's bits for every wrt."""
+    run = network.forward(network.parameters())
+    gradients = run.backward(target)
+    for w in wrt:
+        assert_bitwise(run[adjoints[w]], gradients[w], f"d {target!r} / d {w!r}")
+
+
+def short(dtype) -> str:
+    return topos.element.short_name(dtype)
+
+
+# ---- per opcode: recorded == scanned, bit for bit; both == finite differences ---------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=short)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_recorded_gradients_equal_backward_scan_bitwise(case, dtype):
+    r = record_case(case, dtype)
+    assert_recorded_is_scanned(r.network, r.loss, r.adjoints, r.wrt)
+    gradients = r.network.forward(r.network.parameters()).backward(r.loss)
+    assert any(np.any(gradients[w] != 0) for w in r.wrt), "a vacuous row: every gradient is zero"
+
+
+FLOAT64_TOLERANCE = 1e-8  # norm-wise relative error of the float64 backward scan vs finite differences
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.smooth], ids=lambda c: c.name)
+def test_backward_scan_matches_float64_finite_differences(case):
+    r = record_case(case, topos.float64)
+    report = check_gradients(
+        r.network, r.network.parameters(), None, r.loss, wrt=r.wrt, tolerance=FLOAT64_TOLERANCE
+    )
+    report.assert_ok()
+    assert report.worst_error <= FLOAT64_TOLERANCE
+
+
+def test_table_covers_every_opcode_and_map_function():
+    rows = {c.name for c in CASES}
+    opcodes = {op.name for op in topos.OPCODES if not op.is_source and op.name != "map"}
+    functions = {f"map.{f}" for f in topos.MAP_FUNCTIONS}
+    assert len(opcodes) + 1 == 24  # the 24 non-source opcodes, map counted once
+    assert not (opcodes | functions) - rows, f"rows missing: {sorted((opcodes | functions) - rows)}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_opcode_rows_record_the_opcode_they_name(case):
+    r = record_case(case, topos.float64)
+    forward = r.network.nodes()[: r.loss.index + 1]
+    recorded = {n.opcode.name for n in forward} | {
+        f"map.{n.attributes['function']}" for n in forward if n.opcode.name == "map"
+    }
+    if case.name in {op.name for op in topos.OPCODES} or case.name.startswith("map."):
+        assert case.name in recorded
+
+
+# ---- fan-out and the accumulation order --------------------------------------------------------------
+
+
+def test_same_operand_twice_accumulates_both_contributions():
+    x0 = np.array([0.75, -1.5, 3.0], np.float32)
+    c0 = np.array([0.5, 1.25, -2.0], np.float32)
+
+    def model(tape):
+        x = tape.parameter(x0)
+        loss = (x * x * tape.leaf(c0)).sum()
+        return x, loss, tape.differentiate(loss, [x])
+
+    network, (x, loss, adjoints) = Tape.record(model)
+    run = network.forward(network.parameters())
+    # d/dx sum(x*x*c): the mul (x, x) gets g = c, and both positions contribute c*x.
+    expected = c0 * x0 + c0 * x0
+    assert_bitwise(run.backward(loss)[x], expected, "x * x")
+    assert_bitwise(run[adjoints[x]], expected, "x * x recorded")
+
+
+def test_cotangents_accumulate_in_reverse_consumer_order():
+    # Three consumers of x, recorded in the order a, b, c. The contract says
+    # x's cotangent is c's contribution, then + b's, then + a's. In float32,
+    # (c + b) + a = (-1e8 + 1e8) + 1 = 1, while (a + b) + c = 0: 1e8 + 1 rounds to 1e8.
+    a, b, c = (np.full(2, v, np.float32) for v in (1.0, 1e8, -1e8))
+
+    def model(tape):
+        x = tape.parameter(np.ones(2, np.float32))
+        loss = (x * tape.leaf(a)).sum() + (x * tape.leaf(b)).sum() + (x * tape.leaf(c)).sum()
+        return x, loss, tape.differentiate(loss, [x])
+
+    network, (x, loss, adjoints) = Tape.record(model)
+    run = network.forward(network.parameters())
+    assert_bitwise(run.backward(loss)[x], np.ones(2, np.float32), "reverse consumer order")
+    assert_bitwise(run[adjoints[x]], np.ones(2, np.float32), "reverse consumer order, recorded")
+
+
+def test_fan_out_gradient_matches_closed_form():
+    x0 = np.array([[0.5, -1.0], [1.5, 0.25]])
+
+    def model(tape):
+        x = tape.parameter(x0)
+        y = x.tanh()  # three consumers of y, and x itself read twice more
+        loss = (y * x + y * y + y.exp() * x).sum()
+        return x, loss, tape.differentiate(loss, [x])
+
+    network, (x, loss, adjoints) = Tape.record(model)
+    run = network.forward(network.parameters())
+    t = np.tanh(x0)
+    dt = 1 - t * t
+    closed = dt * x0 + t + 2 * t * dt + np.exp(t) * dt * x0 + np.exp(t)
+    np.testing.assert_allclose(run.backward(loss)[x], closed, rtol=1e-14)
+    assert_bitwise(run[adjoints[x]], run.backward(loss)[x], "fan-out")
+
+
+# ---- what reaches and what does not ------------------------------------------------------------------
+
+
+def test_non_ancestor_wrt_gets_a_recorded_zero():
+    def model(tape):
+        x = tape.parameter(np.array([1.0, 2.0], np.float32))
+        unused = tape.parameter(np.ones((2, 3), np.float32))
+        fed = tape.input(np.ones(4, np.float32))
+        loss = (x * x).sum()
+        return x, unused, fed, loss, tape.differentiate(loss, [x, unused, fed])
+
+    network, (x, unused, fed, loss, adjoints) = Tape.record(model)
+    run = network.forward(network.parameters())
+    for w, shape in ((unused, (2, 3)), (fed, (4,))):
+        assert network.node(adjoints[w]).opcode.name == "leaf"
+        assert_bitwise(run[adjoints[w]], np.zeros(shape, np.float32), f"recorded zero for {w!r}")
+        assert not run.backward(loss).reached(w)
+        assert_bitwise(run.backward(loss)[w], np.zeros(shape, np.float32), f"scanned zero for {w!r}")
+
+
+def test_disconnected_zero_over_zero_injects_no_nan():
+    def model(tape):
+        x = tape.parameter(np.array([1.0, -2.0, 0.5]))
+        nan = (x - x) / (x - x)  # consumes x, but the loss never reads it
+        loss = (x * 3.0).sum()
+        return x, nan, loss, tape.differentiate(loss, [x])
+
+    network, (x, nan, loss, adjoints) = Tape.record(model)
+    with np.errstate(invalid="ignore"):
+        run = network.forward(network.parameters())
+    assert np.isnan(run[nan]).all()
+    assert_bitwise(run.backward(loss)[x], np.full(3, 3.0), "d loss / d x beside a NaN")
+    assert_bitwise(run[adjoints[x]], np.full(3, 3.0), "recorded, beside a NaN")
+
+
+def test_describe_shows_the_appended_gradient_nodes():
+    def model(tape):
+        x = tape.parameter(np.ones(2, np.float32))
+        y = tape.parameter(np.ones(2, np.float32))
+        loss = (x * y).sum()
+        return tape.differentiate(loss, [x])
+
+    network, adjoints = Tape.record(model)
+    # By hand: the ones seed, sum's rule (broadcast), mul's rule for x (g * y);
+    # mul's rule also computed g * x for y, which nobody asked for, so it is gone.
+    expected = """
+        0 parameter () [2] f32
+        1 parameter () [2] f32
+        2 mul (0, 1) [2] f32
+        3 sum (2) [] f32
+        4 leaf () value=1 [] f32
+        5 broadcast (4) shape=[2] [2] f32
+        6 mul (5, 1) [2] f32
+        network: 7 nodes (2 parameters, 0 inputs, 1 leaf)
+    """
+    lines = [" ".join(line.split()) for line in network.describe().splitlines()]
+    assert lines == [line.strip() for line in expected.strip().splitlines()]
+    assert adjoints.gradients[0].index == 6
+
+
+# ---- errors name the problem -------------------------------------------------------------------------
+
+
+def test_differentiating_a_non_scalar_target_names_its_shape():
+    tape = Tape()
+    x = tape.parameter(np.ones((2, 3)))
+    with pytest.raises(DifferentiationError, match=r"rank-0 loss.*\[2, 3\].*vjp"):
+        tape.differentiate(x * 2.0, [x])
+
+
+def test_backward_of_a_non_scalar_target_names_its_shape():
+    def model(tape):
+        x = tape.parameter(np.ones((2, 3)))
+        return x * 2.0
+
+    network, y = Tape.record(model)
+    with pytest.raises(DifferentiationError, match=r"rank-0 target.*\[2, 3\]"):
+        network.forward(network.parameters()).backward(y)
+
+
+def test_wrt_from_another_tape_is_a_symbol_error():
+    other, x_elsewhere = Tape.record(lambda tape: tape.parameter(np.ones(2)))
+    tape = Tape()
+    x = tape.parameter(np.ones(2))
+    with pytest.raises(SymbolError, match="wrt"):
+        tape.differentiate((x * x).sum(), [x_elsewhere])
+    open_tape = Tape()
+    foreign = open_tape.parameter(np.ones(2))
+    with pytest.raises(SymbolError, match="another tape"):
+        tape.differentiate((x * x).sum(), [foreign])
+
+
+def test_target_from_another_tape_is_a_symbol_error():
+    other = Tape()
+    z = other.parameter(np.ones(()))
+    tape = Tape()
+    x = tape.parameter(np.ones(()))
+    with pytest.raises(SymbolError, match="target"):
+        tape.differentiate(z * 2.0, [x])
+
+
+def test_wrt_that_is_not_a_parameter_or_input_is_named():
+    tape = Tape()
+    x = tape.parameter(np.ones(2))
+    hidden = x * 2.0
+    with pytest.raises(DifferentiationError, match=r"mul node.*parameters or inputs"):
+        tape.differentiate(hidden.sum(), [hidden])
+    constant = tape.leaf(np.ones(2))
+    with pytest.raises(DifferentiationError, match=r"leaf node"):
+        tape.differentiate((x * constant).sum(), [constant])
+
+
+def test_wrt_a_selection_is_a_differentiation_error():
+    tape = Tape()
+    table = tape.parameter(np.ones((3, 2)))
+    picks = tape.input(topos.selection([0, 2], 3))
+    with pytest.raises(DifferentiationError, match="selection"):
+        tape.differentiate(table.gather(picks).sum(), [table, picks])
+
+
+def test_vjp_seed_of_the_wrong_shape_is_named():
+    tape = Tape()
+    x = tape.parameter(np.ones((2, 3)))
+    with pytest.raises(DifferentiationError, match=r"seed has shape \[3\].*\[2, 3\]"):
+        tape.vjp(x * 2.0, np.ones(3), [x])

@@ -29,7 +29,11 @@ F64, F32, BF16 = topos.float64, topos.float32, topos.bfloat16
 
 # Tolerances in epsilons of the element type (see conftest.assert_close).
 EXACT = {F64: 0, F32: 0, BF16: 0}  # moves, copies and comparisons never round
-ONE_ROUNDING = {F64: 1, F32: 1, BF16: 1}  # computed exactly, then rounded once (bf16: via f32)
+# IEEE basic operations (+ - * / sqrt) are correctly rounded: the result must equal the
+# float64 reference rounded to the element, bit for bit. (Rounding a float64 result again to
+# float32 or bfloat16 is innocuous: 53 >= 2p + 2 for both.)
+ROUNDED = "correctly rounded"
+CORRECTLY_ROUNDED = {F64: ROUNDED, F32: ROUNDED, BF16: ROUNDED}
 # float64 reference transcendentals are fdlibm-class (<= 1 ulp); narrower
 # types are evaluated in float64 and rounded once.
 TRANSCENDENTAL = {F64: 2, F32: 1, BF16: 1}
@@ -177,11 +181,11 @@ MAP_REFERENCES = {
 _SUM_SCALE = dict(scale=lambda x, **a: np.full(np.shape(np.sum(x, **a)), np.sum(np.abs(x))))
 
 CASES: tuple[Case, ...] = (
-    Case("add", lambda a, b: a + b, lambda a, b: a + b, _binary_variants(), ONE_ROUNDING),
-    Case("sub", lambda a, b: a - b, lambda a, b: a - b, _binary_variants(), ONE_ROUNDING),
-    Case("mul", lambda a, b: a * b, lambda a, b: a * b, _binary_variants(), ONE_ROUNDING),
+    Case("add", lambda a, b: a + b, lambda a, b: a + b, _binary_variants(), CORRECTLY_ROUNDED),
+    Case("sub", lambda a, b: a - b, lambda a, b: a - b, _binary_variants(), CORRECTLY_ROUNDED),
+    Case("mul", lambda a, b: a * b, lambda a, b: a * b, _binary_variants(), CORRECTLY_ROUNDED),
     Case(
-        "div", lambda a, b: a / b, lambda a, b: a / b, _binary_variants(), ONE_ROUNDING,
+        "div", lambda a, b: a / b, lambda a, b: a / b, _binary_variants(), CORRECTLY_ROUNDED,
         domain=((-3.0, 3.0), (0.25, 4.0)),
     ),
     Case(
@@ -203,7 +207,8 @@ CASES: tuple[Case, ...] = (
     Case("neg", lambda x: -x, np.negative, _unary_variants(), EXACT),
     *(
         Case(
-            "map", lambda x, f=name: x.map(f), _mp(reference), _unary_variants(), TRANSCENDENTAL,
+            "map", lambda x, f=name: x.map(f), _mp(reference), _unary_variants(),
+            CORRECTLY_ROUNDED if name == "sqrt" else TRANSCENDENTAL,
             domain=(domain,), function=name,
         )
         for name, (reference, domain) in MAP_REFERENCES.items()
@@ -423,8 +428,12 @@ def check_opcode(case: Case, variant: Variant, element) -> None:
     assert got.shape == node.shape == want.shape
     assert got.dtype == node.dtype == element
     assert not got.flags.writeable
+    tolerance = case.epsilons[element]
+    if tolerance == ROUNDED:
+        assert_close(got, want.astype(element), element, 0, what=f"{case.name} (correctly rounded)")
+        return
     scale = None if case.scale is None else case.scale(*references, **variant.attributes)
-    assert_close(got, want, element, case.epsilons[element], scale, what=case.name)
+    assert_close(got, want, element, tolerance, scale, what=case.name)
 
 
 @pytest.mark.parametrize("case, variant, element", list(_params()))
@@ -528,6 +537,44 @@ def test_scatter_adds_repeated_indices_in_ascending_position_order():
     network, out = Tape.record(model)
     expected = np.float32(np.float32(1.0) + np.float32(tiny)) + np.float32(tiny)
     assert network.forward(network.parameters())[out].tolist() == [float(expected)]
+
+
+# bfloat16 data on a coarse grid (multiples of 2**-6, |x| <= 8): every float32 partial
+# sum and product is then exact, so "accumulate in float32, round once" must give exactly
+# the exact result rounded to bfloat16, while accumulating in bfloat16 would drift.
+ACCUMULATIONS = {
+    "sum": (((8, 8),), lambda x: x.sum(), lambda x: np.sum(x)),
+    "sum_along": (((3, 64),), lambda x: x.sum_along(1), lambda x: np.sum(x, axis=1)),
+    "matmul": (((3, 48), (48, 2)), lambda a, b: a @ b, lambda a, b: a @ b),
+    "fold": (((61, 4),), lambda x: x.fold(0, 4, 1, 1, 64), lambda x: _fold(x, 0, 4, 1, 1, 64)),
+    "scatter": (
+        ((64, 2), topos.selection([0] * 40 + [1] * 24, 2)),
+        lambda v, s: v.scatter(s, 2),
+        lambda v, s: _scatter(v, s, 2),
+    ),
+}
+
+
+@pytest.mark.parametrize("opcode", list(ACCUMULATIONS))
+def test_bfloat16_accumulates_in_float32_and_rounds_once(opcode):
+    operands, record, exact = ACCUMULATIONS[opcode]
+    rng = generator("accumulate", opcode)
+    data = [
+        o.indices if isinstance(o, topos.Selection)
+        else (rng.integers(-512, 513, o) * 2.0**-6).astype(topos.bfloat16)
+        for o in operands
+    ]
+
+    def model(tape):
+        return record(*(tape.leaf(o if isinstance(o, topos.Selection) else d) for o, d in zip(operands, data)))
+
+    network, out = Tape.record(model)
+    assert network.node(out).opcode.name == opcode
+    references = [d if d.dtype.kind in "iu" else d.astype(np.float64) for d in data]
+    want = np.asarray(exact(*references)).astype(topos.bfloat16)
+    got = network.forward(network.parameters())[out]
+    assert got.dtype == topos.bfloat16
+    assert_close(got, want, topos.bfloat16, 0, what=opcode)
 
 
 # ---- refusals: one bad recording per opcode ------------------------------------------------------

@@ -14,6 +14,7 @@ from .errors import (
     SymbolError,
     ToposError,
 )
+from .gradcheck import GradientCheckError, GradientReport, check_gradients
 from .network import Network, Node
 from .opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
 from .parameters import Parameters
@@ -22,6 +23,7 @@ from .recordable import Recordable, concat, stack
 from .run import Run
 from .symbol import Symbol
 from .tape import Tape, Value, detach
+from .update import Updates, sgd
 
 __version__ = "0.1.0"
 
@@ -30,5 +32,6 @@ __all__ = [
     "DifferentiationError", "FeedError", "Network", "Node", "Opcode", "Parameters",
     "Recordable", "Run", "Candidate", "Entry", "Numerics", "Plan", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol",
     "SymbolError", "Tape", "ToposError", "Value",
-    "bfloat16", "by_name", "concat", "detach", "float32", "float64", "selection", "stack",
+    "GradientCheckError", "GradientReport", "check_gradients",
+    "Updates", "bfloat16", "by_name", "sgd", "concat", "detach", "float32", "float64", "selection", "stack",
 ]

@@ -52,12 +52,13 @@ _BITS = {FLOAT64: np.int64, FLOAT32: np.int32, BFLOAT16: np.int16}
 
 def _neighbours(points, dtype: np.dtype, steps: int = 3) -> np.ndarray:
     """Each point rounded to ``dtype`` and its ``steps`` neighbours on either side (by bit pattern)."""
-    base = np.asarray(points, dtype=np.float64).astype(dtype)
-    bits = base.view(_BITS[dtype])
-    out = [base.astype(np.float64)]
-    for step in range(1, steps + 1):
-        for moved in (bits + step, bits - step):
-            out.append(moved.astype(_BITS[dtype]).view(dtype).astype(np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        base = np.asarray(points, dtype=np.float64).astype(dtype)
+        bits = base.view(_BITS[dtype])
+        out = [base.astype(np.float64)]
+        for step in range(1, steps + 1):
+            for moved in (bits + step, bits - step):
+                out.append(moved.astype(_BITS[dtype]).view(dtype).astype(np.float64))
     values = np.concatenate(out)
     return values[np.isfinite(values)]
 
@@ -113,7 +114,7 @@ def sample(name: str, dtype, count: int, seed: int = 20240607):
     elif name == "expm1":
         uniform = rng.uniform(-40.0, ln_max + 0.5, part)
         logs = _signed_log_uniform(rng, part, -80, np.log2(ln_max))
-        special = [ln_max, 0.5 * np.log(2.0), -0.5 * np.log(2.0), 1.5 * np.log(2.0), 56 * np.log(2.0), 20 * np.log(2.0)]
+        special = [ln_max] + [m * np.log(2.0) for m in (0.5, -0.5, 1.5, 20.0, 56.0)]
     elif name == "tanh":
         uniform = rng.uniform(-25.0, 25.0, part)
         logs = _signed_log_uniform(rng, part, -60, 5)
@@ -123,7 +124,9 @@ def sample(name: str, dtype, count: int, seed: int = 20240607):
         top = 73 if dtype == FLOAT64 else 127  # 2**73 ~ 1e22
         logs = _signed_log_uniform(rng, part, -30, top)
         k = np.concatenate([np.arange(1, 64), rng.integers(64, 2**21, 200), rng.integers(2**21, 2**50, 100)])
-        special = list(k * (np.pi / 2)) + [1e22, 6381956970095103 * 2.0**797, 2.0**-27, np.pi / 4]
+        # 6381956970095103 * 2**797 is the double closest to a multiple of pi/2.
+        hard = [1e22, 6381956970095103 * 2.0**797, 2.0**-27, np.pi / 4, 2.0**20 * np.pi / 2]
+        special = list(k * (np.pi / 2)) + hard
     elif name == "erf":
         uniform = rng.uniform(-7.0, 7.0, part)
         logs = _signed_log_uniform(rng, part, -60, 3)
@@ -147,25 +150,28 @@ def sample(name: str, dtype, count: int, seed: int = 20240607):
 
 
 def _sample_pow(rng, dtype: np.dtype, count: int):
-    part = count // 5
+    part = count // 6
     ln_max, _ = _log_range(dtype)
-    # positive bases over the whole range, exponents that keep many results finite
+    # positive bases over a wide range, exponents that keep most results finite
     x1 = np.exp2(rng.uniform(-30, 30, part))
     y1 = rng.uniform(-1.0, 1.0, part) * ln_max / np.maximum(np.abs(np.log(x1)), 1e-3)
     # bases near 1 with large exponents (the case pow exists for)
-    x2 = 1.0 + rng.uniform(-2.0**-10, 2.0**-10, part)
+    x2 = 1.0 + rng.uniform(-(2.0**-10), 2.0**-10, part)
     y2 = _signed_log_uniform(rng, part, 0, 20 if dtype != FLOAT64 else 40)
+    # |x - 1| < 2**-20 with |y| > 2**31: the extra-precise log2 branch
+    x3 = 1.0 + rng.uniform(-(2.0**-21), 2.0**-20, part)
+    y3 = _signed_log_uniform(rng, part, 31, 42)
     # negative bases with integer exponents
-    x3 = -np.exp2(rng.uniform(-8, 8, part))
-    y3 = np.rint(rng.uniform(-60, 60, part))
+    x4 = -np.exp2(rng.uniform(-8, 8, part))
+    y4 = np.rint(rng.uniform(-60, 60, part))
     # small integers: exact results must come out exact
-    x4 = rng.integers(1, 20, part).astype(np.float64) * rng.choice([-1.0, 1.0], part)
-    y4 = rng.integers(-12, 13, part).astype(np.float64)
+    x5 = rng.integers(1, 20, part).astype(np.float64) * rng.choice([-1.0, 1.0], part)
+    y5 = rng.integers(-12, 13, part).astype(np.float64)
     # anything positive: overflow, underflow and subnormal results included
-    x5 = np.exp2(rng.uniform(-20, 20, count - 4 * part))
-    y5 = _signed_log_uniform(rng, count - 4 * part, -10, 12)
-    x = np.concatenate([x1, x2, x3, x4, x5]).astype(dtype).astype(np.float64)
-    y = np.concatenate([y1, y2, y3, y4, y5]).astype(dtype).astype(np.float64)
+    x6 = np.exp2(rng.uniform(-20, 20, count - 5 * part))
+    y6 = _signed_log_uniform(rng, count - 5 * part, -10, 12)
+    x = np.concatenate([x1, x2, x3, x4, x5, x6]).astype(dtype).astype(np.float64)
+    y = np.concatenate([y1, y2, y3, y4, y5, y6]).astype(dtype).astype(np.float64)
     # rounding y to a narrow type can make a negative base's exponent non-integer
     keep = (x > 0) | (np.floor(y) == y)
     return x[keep], y[keep]

@@ -205,6 +205,11 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
                 f"wrt {w.symbol!r} is a {kind} node (recorded at {tape._sites[w._index]}); "
                 "differentiate with respect to parameters or inputs"
             )
+        if not isinstance(w.dtype, np.dtype):
+            raise DifferentiationError(
+                f"wrt {w.symbol!r} is a selection (recorded at {tape._sites[w._index]}); "
+                "selections are indices and have no gradient, so leave it out of wrt"
+            )
     t = target_value._index
     spec = tape._specs[t]
     if require_scalar and spec.shape != ():

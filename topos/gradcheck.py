@@ -26,9 +26,9 @@ connected to a target all share its element type.
 Finite differences use Richardson extrapolation of central differences,
 ``(4 D(h/2) - D(h)) / 3`` with ``D(h) = (f(x + h) - f(x - h)) / 2h``,
 whose error is O(h^4); ``h = step * max(1, |x|)``, and each quotient
-divides by the distance between the two rounded points actually used. Keep inputs farther than ``h`` from kinks (relu,
-abs, maximum ties, step thresholds): a difference quotient across a kink
-is not a derivative.
+divides by the distance between the two rounded points actually used.
+Keep inputs farther than ``h`` from kinks (relu, abs, maximum ties, step
+thresholds): a difference quotient across a kink is not a derivative.
 
 The error of one parameter is *norm-wise relative*: the largest
 elementwise difference divided by the largest magnitude either gradient
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -52,17 +53,18 @@ import numpy as np
 from .element import bfloat16, float32, float64, is_element, short_name
 from .errors import DifferentiationError, ToposError
 from .interpret import bind_feeds, bind_parameters, source_value
+from .provenance import Site
 from .symbol import Symbol
 
-TOLERANCES: Mapping[np.dtype, float] = {
-    # float64: the finite differences themselves are good to about 1e-10
-    # relative; the margin covers steep functions (log, sqrt near 0.2).
+TOLERANCES: Mapping[np.dtype, float] = MappingProxyType({
+    # float64: over the opcode table the finite differences agree with the
+    # scan to about 1e-11; the margin covers steeper functions than those.
     float64: 1e-7,
     # float32 / bfloat16: the backward scan rounds every intermediate to the
     # element type, a few ulps per node on a short chain (2^-24, 2^-8).
     float32: 1e-4,
     bfloat16: 5e-2,
-}
+})
 """Default envelope, per element type, for the network's own gradients."""
 
 DEFAULT_STEP = 2.0**-10
@@ -80,7 +82,7 @@ class GradientEntry:
     symbol: Symbol
     kind: str  # "parameter" or "input"
     shape: tuple[int, ...]
-    site: object
+    site: Site
     error: float  # the network's backward scan vs float64 finite differences
     rule_error: float  # the float64 twin's reverse scan vs the same finite differences
     largest: float  # the largest |finite difference| in this entry
@@ -114,10 +116,12 @@ class GradientReport:
         """The entry farthest outside (or closest to) its tolerances."""
         if not self.entries:
             return None
-        return max(
-            self.entries,
-            key=lambda e: max(e.error / self.tolerance, e.rule_error / self.rule_tolerance),
-        )
+        tiny = np.finfo(np.float64).tiny  # a zero tolerance still ranks entries
+
+        def excess(e: GradientEntry) -> float:
+            return max(e.error / max(self.tolerance, tiny), e.rule_error / max(self.rule_tolerance, tiny))
+
+        return max(self.entries, key=excess)
 
     @property
     def worst_error(self) -> float:
@@ -161,7 +165,7 @@ class GradientReport:
         widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
         lines = [
             f"gradient check of {self.target!r}: {short_name(self.dtype)} backward scan vs float64 "
-            f"finite differences (Richardson, step {self.step:g})",
+            f"finite differences (Richardson, step {_format_step(self.step)})",
             "  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
         ]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -233,6 +237,12 @@ def check_gradients(
             )
         )
     return GradientReport(target, dtype, step, tolerance, rule_tolerance, entries)
+
+
+def _format_step(step: float) -> str:
+    """A power-of-two step as 2^-k (how it is chosen), anything else as a number."""
+    mantissa, exponent = math.frexp(step)
+    return f"2^{exponent - 1}" if mantissa == 0.5 else f"{step:g}"
 
 
 def _wrt_index(network, symbol) -> int:

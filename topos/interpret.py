@@ -59,7 +59,7 @@ def bind_feeds(network, feeds) -> dict[int, np.ndarray]:
 def _coerce_feed(i, value, spec, site) -> np.ndarray:
     where = f"input %{i} (recorded at {site})"
     if isinstance(spec.dtype, SelectionType):
-        array = np.asarray(value)
+        array = _as_array(where, value, spec)
         if array.dtype.kind not in "iu":
             raise FeedError(f"{where} is a selection; feed integer indices, got {array.dtype}")
         array = array.astype(np.int64)
@@ -75,12 +75,23 @@ def _coerce_feed(i, value, spec, site) -> np.ndarray:
                 f"convert with .astype(...) first"
             )
     else:
-        array = np.asarray(value, dtype=spec.dtype)
+        array = _as_array(where, value, spec, spec.dtype)
     if array.shape != spec.shape:
         raise FeedError(f"{where} expects shape {list(spec.shape)}, got {list(array.shape)}")
     array = np.array(array)
     array.flags.writeable = False
     return array
+
+
+def _as_array(where, value, spec, dtype=None) -> np.ndarray:
+    # A ragged list or a string fails inside NumPy; say which input and what it expects.
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as error:
+        raise FeedError(
+            f"{where} expects {list(spec.shape)} {short_name(spec.dtype)}; "
+            f"the fed {type(value).__name__} does not convert: {error}"
+        ) from None
 
 
 def source_value(network, i, parameters, feeds):

@@ -81,6 +81,9 @@ class Network:
     def __setattr__(self, name, value):
         raise SealedError("a Network is immutable; reopen() it to record more")
 
+    def __delattr__(self, name):
+        raise SealedError("a Network is immutable; reopen() it to record more")
+
     def __copy__(self):
         raise SealedError(
             "a Network is not copyable: history stays linear. Share it by reference; "
@@ -162,7 +165,8 @@ class Network:
         return describe_columns(self, "network", sites)
 
     def __repr__(self) -> str:
-        return f"<Network {len(self)} nodes, {len(self._slots)} parameters, {len(self._inputs)} inputs>"
+        return (f"<Network {plural(len(self), 'node')}, {plural(len(self._slots), 'parameter')}, "
+                f"{plural(len(self._inputs), 'input')}>")
 
     # -- state and runs ----------------------------------------------------------------------
     def parameters(self):
@@ -182,6 +186,13 @@ class Network:
         from .plan import Entry, Numerics
 
         return Entry(self, roots, observe, Numerics.FAST if numerics is None else numerics)
+
+    def emit_mlir(self, entry=None, debug_info: bool = True) -> str:
+        """The topos-dialect text of ``entry``'s closure (default: every node, sinks as results)."""
+        if entry is None:
+            read = {j for operands in self._operands for j in operands}
+            entry = self.entry([self.symbol(i) for i in range(len(self)) if i not in read])
+        return entry.lower().emit_mlir(debug_info)
 
     def reopen(self):
         """A tape continuing this spec: every symbol stays valid; each network reopens once."""

@@ -36,6 +36,22 @@ class Parameters:
     def __setattr__(self, name, value):
         raise TypeError("Parameters are immutable; step, map or zip them into a new table")
 
+    def __reduce__(self):
+        raise TypeError(
+            "Parameters are not pickled (pickle can run code on load); "
+            "write a checkpoint with safetensors instead"
+        )
+
+    def __delattr__(self, name):
+        raise TypeError("Parameters are immutable; step, map or zip them into a new table")
+
+    def __copy__(self) -> "Parameters":
+        return self  # immutable, so the table is its own copy
+
+    def __deepcopy__(self, memo) -> "Parameters":
+        # Fresh arrays, same family: the copy must still serve the same network.
+        return Parameters._of(self._family, list(self.items()))
+
     # -- reading ---------------------------------------------------------------------------
     def __getitem__(self, symbol: Symbol) -> np.ndarray:
         return self._arrays[self._slot(symbol)]

@@ -52,7 +52,14 @@ class Recordable:
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
             return self._constant(np.full(self.shape, other, dtype=self.dtype))
         if isinstance(other, np.ndarray):
-            return self._constant(np.asarray(other, dtype=self.dtype))
+            if other.dtype != self.dtype:
+                from .errors import ShapeError
+
+                raise ShapeError(
+                    f"an array of element type {other.dtype} beside a {self.dtype} tensor; "
+                    "convert it with .astype(...) first (only Python numbers adopt the tensor's type)"
+                )
+            return self._constant(other)
         return NotImplemented
 
     def _binary(self, name, other, reverse=False):
@@ -262,13 +269,19 @@ class Recordable:
     def squeeze(self, axis: int):
         """Remove a size-1 axis."""
         if not 0 <= axis < self.ndim or self.shape[axis] != 1:
-            raise ValueError(f"squeeze: axis {axis} of shape {list(self.shape)} is not a size-1 axis")
+            raise _refusal(
+                f"squeeze: axis {axis} of shape {list(self.shape)} is not a size-1 axis",
+                "squeeze removes an axis of extent 1; sum_along or narrow reduce other axes",
+            )
         return self.reshape(self.shape[:axis] + self.shape[axis + 1 :])
 
     def unsqueeze(self, axis: int):
         """Insert a size-1 axis at ``axis``."""
         if not 0 <= axis <= self.ndim:
-            raise ValueError(f"unsqueeze: axis {axis} is out of range for shape {list(self.shape)}")
+            raise _refusal(
+                f"unsqueeze: axis {axis} is out of range for shape {list(self.shape)}",
+                f"the new axis goes at a position 0..{self.ndim}",
+            )
         return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
     def broadcast_to(self, shape: Sequence[int]):
@@ -283,16 +296,23 @@ def _volume(shape) -> int:
     return math.prod(shape)
 
 
-def _broadcast_to(x, shape):
+def _refusal(detail: str, hint: str) -> Exception:
+    """A ShapeError at the user's line for a composite, worded like an opcode's refusal."""
     from .errors import ShapeError
+    from .provenance import user_site
 
+    return ShapeError(f"{user_site()}: {detail}\n  hint: {hint}")
+
+
+def _broadcast_to(x, shape):
     source = x.shape
     if len(source) > len(shape) or any(
         s not in (1, t) for s, t in zip(reversed(source), reversed(shape))
     ):
-        raise ShapeError(
+        raise _refusal(
             f"broadcast_to: {list(source)} cannot broadcast to {list(shape)} under NumPy's rule "
-            "(trailing axes must match or be 1)"
+            "(trailing axes must match or be 1)",
+            "reshape the operand so that each axis, counted from the last, equals the target's or is 1",
         )
     if source == shape:
         return x
@@ -313,6 +333,19 @@ def concat(values: Sequence[Recordable], axis: int):
     values = list(values)
     if not values:
         raise ValueError("concat needs at least one value")
+    first = values[0]
+    if not 0 <= axis < first.ndim:
+        raise _refusal(
+            f"concat: axis {axis} is out of range for shape {list(first.shape)}",
+            f"join along an existing axis 0..{first.ndim - 1}, or stack along a new one",
+        )
+    for v in values[1:]:
+        others = [i for i in range(first.ndim) if i != axis]
+        if v.ndim != first.ndim or any(v.shape[i] != first.shape[i] for i in others):
+            raise _refusal(
+                f"concat: shapes {list(first.shape)} and {list(v.shape)} differ outside axis {axis}",
+                "every operand must match the others on all axes but the joined one",
+            )
     total = sum(v.shape[axis] for v in values)
     offset, result = 0, None
     for v in values:

@@ -10,10 +10,8 @@ results are IEEE-exact:
   to the next level. The tree depends only on the extent.
 * ``matmul`` accumulates ``k`` in ascending order, one multiply then one
   add per step (two roundings, never a fused multiply-add).
-* ``accumulate_lanes`` adds contributions to a zero buffer in a stated
-  order (used by fold and scatter).
-
-All three work in the element's compute type (float32 for bfloat16) and
+Fold and scatter state their own orders beside their kernels (lane by
+lane; rows in ascending position). All of these work in the element's compute type (float32 for bfloat16) and
 leave the final rounding to the caller.
 """
 

@@ -4,20 +4,22 @@ The NumPy oracle must give identical results on every CPU and NumPy build.
 NumPy's own ``exp``, ``log``, ``log1p``, ``expm1``, ``tanh``, ``sin``,
 ``cos`` and ``power`` do not: their float32 and float64 bits change when
 ``NPY_DISABLE_CPU_FEATURES`` switches off the AVX2/AVX-512 code paths. This
-module rebuilds those functions (plus ``erf``, ``erf_derivative`` and
-``pow``) from operations IEEE 754 defines exactly -- one ``+``, ``-``,
-``*``, ``/`` or ``sqrt`` per ufunc call, comparisons, ``np.where``, sign
-and rounding-to-integer functions, and integer views of the float bits --
-so every result is a fixed function of the input bits.
+module rebuilds those functions, and adds ``erf`` and ``erf_derivative``,
+from operations IEEE 754 defines exactly -- one ``+``, ``-``, ``*``, ``/``
+or ``sqrt`` per ufunc call (so no fused multiply-add), comparisons,
+``np.where``, sign and rounding-to-integer functions, and integer views of
+the float bits -- so every result is a fixed function of the input bits.
 
-Method: each function follows the published fdlibm / FreeBSD msun
-algorithm (argument reduction, then a minimax polynomial or rational
-approximation with the published coefficients, with the error terms of the
-reduction carried along), evaluated in float64. float32 and bfloat16 inputs
-are widened exactly to float64, evaluated, and rounded once to their own
-type by :func:`round_once`. ``sin``/``cos`` reduce huge arguments exactly
-with Python integers and a 1344-bit value of 2/pi derived from Machin's
-formula. Measured accuracy and caveats are in ``docs/refmath.md``.
+Method: argument reduction, then a minimax polynomial or rational
+approximation with published coefficients (fdlibm / FreeBSD msun for all
+but tanh below 0.625, which uses Cephes), with the reduction's error terms
+carried along, evaluated in float64. float32 and bfloat16 inputs are
+widened exactly to float64, evaluated, and rounded once to their own type
+by :func:`round_once`. ``sin``/``cos`` reduce huge arguments exactly with
+Python integers and a 1344-bit value of 2/pi derived from Machin's formula.
+Measured accuracy (under 1 ulp in float64 except tanh, 1.2 ulp; float32
+and bfloat16 correctly rounded on every sampled point) and caveats are in
+``docs/refmath.md``.
 """
 
 from __future__ import annotations
@@ -162,7 +164,10 @@ def _round_to_bfloat16(x64: np.ndarray) -> np.ndarray:
 
 
 def _horner(z: np.ndarray, coefficients: tuple[float, ...], leading_one: bool = False) -> np.ndarray:
-    """c0 + z*(c1 + z*(c2 + ...)), or 1 + z*(c0 + z*(...)) with ``leading_one``: one multiply and one add per step."""
+    """c0 + z*(c1 + z*(c2 + ...)); with ``leading_one``, 1 + z*(c0 + z*(...)).
+
+    One multiply and one add per step, each its own rounding (never fused).
+    """
     acc = np.full_like(z, coefficients[-1])
     for coefficient in reversed(coefficients[:-1]):
         acc = coefficient + z * acc
@@ -291,6 +296,9 @@ def _log64(x: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
+_SIGNED_HIGH_MINUS_0_2929 = 0xBFD2BEC4 - (1 << 32)  # high word of -0.29289 (1 + x = sqrt(2)/2), signed
+
+
 def _log1p64(x: np.ndarray) -> np.ndarray:
     # Same kernel as log, applied to u = 1 + x. When 1 + x is inexact its
     # rounding error c = (1 + x) - u is recovered exactly and added back
@@ -301,7 +309,7 @@ def _log1p64(x: np.ndarray) -> np.ndarray:
     ax = hx & 0x7FFFFFFF
 
     # -0.2929 <= x < 0.4142: 1 + x is already in [sqrt(2)/2, sqrt(2)), f = x exactly.
-    no_reduction = (hx < 0x3FDA827A) & ((hx > 0) | (hx <= np.int64(np.int32(np.uint32(0xBFD2BEC4)))))
+    no_reduction = (hx < 0x3FDA827A) & ((hx > 0) | (hx <= _SIGNED_HIGH_MINUS_0_2929))
 
     u = 1.0 + xs
     below_2p53 = hx < 0x43400000
@@ -427,7 +435,7 @@ def _tanh64(x: np.ndarray) -> np.ndarray:
     q = _horner(z, _TANH_Q + (1.0,))
     small = a + a * ((z * p) / q)
     # 1 - 2/(expm1(2a) + 2): the subtraction is benign once tanh > 0.55.
-    # Past 22, 1 - tanh(a) < 2**-63 and the result rounds to 1.
+    # Past 22, 1 - tanh(a) < 2**-62 and the result rounds to 1.
     t = _expm1_64(2.0 * a)
     large = 1.0 - 2.0 / (t + 2.0)
     magnitude = np.where(ax < 0.625, small, large)
@@ -678,22 +686,45 @@ _TWO_OVER_SQRT_PI_LO = _w(0x3C71AE3A, 0x914FED80)  # 2/sqrt(pi) - _HI
 _VELTKAMP = 134217729.0  # 2**27 + 1: splits a double into two 26-bit halves
 
 
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a = hi + lo exactly, each with at most 26 significant bits (Veltkamp), for |a| < 2**995."""
+    t = _VELTKAMP * a
+    hi = t - (t - a)
+    return hi, a - hi
+
+
+def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a*b = p + e exactly (Dekker), from separate multiplies and adds: there is no FMA to lean on."""
+    p = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a + b = s + e exactly (Knuth), whatever the magnitudes."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
 def _erf_derivative64(x: np.ndarray) -> np.ndarray:
     # 2/sqrt(pi) * exp(-x*x). Rounding x*x would cost up to |x|**2 * 2**-53
-    # relative error, so x*x is formed exactly as p + e (Dekker's product,
-    # separate multiplies and adds) and e goes into the exponent's tail.
-    # The constant multiplies 1 - u before the single final rounding.
+    # relative error (25 ulp at x = 5), so x*x is formed exactly as p + e
+    # and e enters the exponential as a tail. The kernel returns
+    # exp(-p - e) = (1 - u) * 2**k; C*(1 - u) is formed as an unevaluated
+    # sum (C_hi - C_hi*u exactly, plus C_lo) and rounded once, which takes
+    # the worst error from 1.25 to 0.9 ulp.
     ax = np.abs(x)
     a = np.where(np.isfinite(ax), np.minimum(ax, 30.0), 0.0)
-    t = _VELTKAMP * a
-    a_hi = t - (t - a)
-    a_lo = a - a_hi
-    p = a * a
-    e = ((a_hi * a_hi - p) + 2.0 * a_hi * a_lo) + a_lo * a_lo
+    p, e = _two_product(a, a)
     k, u = _exp_parts(-p, -e)
-    y = _TWO_OVER_SQRT_PI_HI + (_TWO_OVER_SQRT_PI_LO - _TWO_OVER_SQRT_PI_HI * u)
+    c_hi = np.full_like(u, _TWO_OVER_SQRT_PI_HI)
+    cu, cu_err = _two_product(c_hi, u)
+    head, head_err = _two_sum(c_hi, -cu)
+    y = head + ((head_err + _TWO_OVER_SQRT_PI_LO) - cu_err)
     y = _scale(y, k)
-    y = np.where(ax >= 30.0, 0.0, y)
+    y = np.where(ax >= 30.0, 0.0, y)  # 2/sqrt(pi) * exp(-900) is far below the smallest subnormal
     return np.where(np.isnan(x), x, y)
 
 
@@ -714,8 +745,6 @@ _CP = _w(0x3FEEC709, 0xDC3A03FD)  # 2/(3 ln2)
 _CP_H = _w(0x3FEEC709, 0xE0000000)
 _CP_L = _w(0xBE3E2FE0, 0x145B01F5)
 _IVLN2 = _w(0x3FF71547, 0x652B82FE)
-_IVLN2_H = _w(0x3FF71547, 0x60000000)
-_IVLN2_L = _w(0x3E54AE0B, 0xF85DDF44)
 _THIRD = _w(0x3FD55555, 0x55555555)
 
 
@@ -766,14 +795,24 @@ def _log2_extended(ax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t1, t2
 
 
+_IVLN2_TAIL = _w(0x3C7777D0, 0xFFDA0D24)  # 1/ln2 - _IVLN2
+
+
 def _log2_near_one(ax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """log2(ax) as t1 + t2 for |ax - 1| <= 2**-20, where four series terms are enough."""
-    t = ax - 1.0
-    w = (t * t) * (0.5 - t * (_THIRD - t * 0.25))
-    u = _IVLN2_H * t
-    v = t * _IVLN2_L - w * _IVLN2
-    t1 = _clear_low(u + v)
-    t2 = v - (t1 - u)
+    """log2(ax) as t1 + t2 for |ax - 1| < 2**-20 and |y| > 2**31, to about 2**-72 relative.
+
+    y*log2(x) can reach 1075 here, so log2(x) needs about 70 correct bits.
+    fdlibm's version multiplies t = ax - 1 (up to 33 bits) by a 24-bit head
+    of 1/ln2 and assumes the product is exact; it is not, and pow came out
+    up to 600 ulp wrong. Here t*(1/ln2) is formed exactly (Dekker) and the
+    small terms are added in the tail.
+    """
+    t = ax - 1.0  # exact
+    w = (t * t) * (0.5 - t * (_THIRD - t * 0.25))  # t - log(1 + t), |w| < 2**-21 |t|
+    head, head_err = _two_product(t, np.full_like(t, _IVLN2))
+    v = (head_err + t * _IVLN2_TAIL) - w * _IVLN2
+    t1 = _clear_low(head + v)
+    t2 = v - (t1 - head)  # t1 - head is exact: they agree to 21 bits
     return t1, t2
 
 

@@ -147,7 +147,9 @@ class Narrow(Opcode):
     def kernel(self, x, axis, start, length):
         index = [slice(None)] * x.ndim
         index[axis] = slice(start, start + length)
-        return np.ascontiguousarray(x[tuple(index)])
+        # A copy, never a view: a window must not pin its (often much larger) operand
+        # past the plan's free, nor share memory with it.
+        return x[tuple(index)].copy()
 
     def rule(self, x, out, g, axis, start, length):
         return (g.pad(axis, start, x.shape[axis]),)

@@ -153,11 +153,45 @@ class Plan:
         return f"<Plan {len(self.schedule)} of {len(self.network)} nodes, {self.numerics.value}>"
 
     # -- emission (the MLIR side is imported only when asked for) ------------------------------
-    def emit_mlir(self) -> str:
-        """This plan as topos-dialect MLIR text (one op per scheduled node)."""
+    def _declared(self) -> tuple[list, list]:
+        """Roots and observes as emitted: declared order, each symbol once."""
+        network, seen, roots, observes = self.network, set(), [], []
+        for group, symbols in ((roots, self.entry.roots), (observes, self.entry.observes)):
+            for s in symbols:
+                if s.index not in seen:
+                    seen.add(s.index)
+                    group.append(network.symbol(s.index))
+        return roots, observes
+
+    def emit_mlir(self, debug_info: bool = True) -> str:
+        """This plan as topos-dialect MLIR text: one op per scheduled node, results in declared order."""
         from ..dialect.emit import emit_text
 
-        return emit_text(self.network, list(self.entry.roots), list(self.entry.observes))
+        roots, observes = self._declared()
+        return emit_text(self.network, roots, observes, debug_info=debug_info)
+
+    def emit_stablehlo(self) -> str:
+        """This plan lowered by the topos passes to verified StableHLO text (no topos ops left)."""
+        return self._stablehlo_with_timings()[0]
+
+    def _stablehlo_with_timings(self) -> tuple[str, dict[str, float]]:
+        import time
+
+        from ..dialect.emit import emit_module
+        from ..dialect.pipeline import to_stablehlo
+
+        roots, observes = self._declared()
+        started = time.perf_counter()
+        module = emit_module(self.network, roots, observes)
+        emitted = time.perf_counter()
+        text = to_stablehlo(module)
+        return text, {"emit": emitted - started, "passes": time.perf_counter() - emitted}
+
+    def compile(self, target: str = "llvm-cpu", driver: str | None = None, **options):
+        """Compile this plan with IREE for ``target`` -> CompiledPlan (see topos.dialect.compiled)."""
+        from ..dialect.compiled import compile_plan
+
+        return compile_plan(self, target, driver, **options)
 
 
 def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics,

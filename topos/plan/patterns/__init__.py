@@ -10,9 +10,14 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .base import Candidate, Pattern, StructureView
+from .batchnorm import BatchNormInference, BatchNormTraining
+from .convolution import Convolution
 from .elementwise import ElementwiseChain
+from .pooling import MaxPool
 
-CATALOG: list[Pattern] = [ElementwiseChain()]
+CATALOG: list[Pattern] = [
+    Convolution(), MaxPool(), BatchNormTraining(), BatchNormInference(), ElementwiseChain(),
+]
 
 
 def register_pattern(pattern: Pattern, *, before: str | None = None) -> None:

@@ -1,0 +1,227 @@
+"""IREE as the industrial backend: compile a plan's StableHLO, run it, keep parameters on the device.
+
+A compiled plan serves under the fast posture: its results are checked
+against the oracle within the envelopes in ``topos.dialect.conformance``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from topos.errors import FeedError, ToposError
+from topos.interpret import bind_feeds, bind_parameters, source_value
+
+from .cache import CompileCache, key
+from .targets import Target, check_driver, flags_for, target
+
+
+class CompileError(ToposError, RuntimeError):
+    """IREE refused a module; the message carries its diagnostics."""
+
+
+def compiler_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return "iree-base-compiler " + version("iree-base-compiler")
+    except Exception:  # a source build without metadata still compiles
+        return "iree-base-compiler unknown"
+
+
+def compile_stablehlo(text: str, flags) -> bytes:
+    """Compile StableHLO text in-process with IREE; raise CompileError with its diagnostics."""
+    from iree.compiler.api import Output, Session, Source
+
+    session = Session()
+    session.set_flags(*flags)
+    messages: list[str] = []
+
+    def collect(diagnostic):
+        messages.append(f"{diagnostic.location}: {str(diagnostic.severity).split('.')[-1].lower()}: "
+                        f"{diagnostic.message}")
+        return True
+
+    session.context.attach_diagnostic_handler(collect)
+    invocation = session.invocation()
+    if not invocation.parse_source(Source.wrap_buffer(session, text.encode())) or not invocation.execute():
+        raise CompileError("iree-compile failed:\n  " + "\n  ".join(messages or ["(no diagnostics)"]))
+    output = Output.open_membuffer()
+    invocation.output_vm_bytecode(output)
+    return bytes(output.map_memory())
+
+
+def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
+                 cache: CompileCache | bool | None = True, cpu: str = "host") -> "CompiledPlan":
+    """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan."""
+    chosen = target(target_name)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    text, stage_times = plan._stablehlo_with_timings()
+    timings.update(stage_times)
+    uses_f64 = "f64" in text
+    flags = flags_for(chosen, uses_f64, cpu)
+    store = CompileCache() if cache is True else (cache or None)
+    entry_key = key(text, chosen.name, flags, compiler_version())
+    vmfb = store.load(entry_key) if store is not None else None
+    hit = vmfb is not None
+    began = time.perf_counter()
+    if vmfb is None:
+        vmfb = compile_stablehlo(text, flags)
+        if store is not None:
+            store.store(entry_key, vmfb)
+    timings["iree-compile" if not hit else "cache-hit"] = time.perf_counter() - began
+    timings["total"] = time.perf_counter() - started
+    return CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, hit)
+
+
+class CompiledPlan:
+    """A plan compiled by IREE: ``forward`` runs it; ``step`` runs a training step on device state."""
+
+    def __init__(self, plan, chosen: Target, driver: str, flags, stablehlo: str, vmfb: bytes,
+                 timings: Mapping[str, float], cache_hit: bool):
+        self.plan = plan
+        self.target = chosen
+        self.driver = driver
+        self.flags = tuple(flags)
+        self.stablehlo = stablehlo
+        self.vmfb = vmfb
+        self.timings = dict(timings)
+        self.cache_hit = cache_hit
+        network = plan.network
+        closure = sorted(plan.entry.closure())
+        self.arguments = tuple(i for i in closure if network._opcodes[i].name == "parameter") + tuple(
+            i for i in closure if network._opcodes[i].name == "input"
+        )
+        self.results = tuple(plan.entry._readable)
+        self._function = None
+        self._device = None
+
+    def _load(self):
+        if self._function is None:
+            import iree.runtime as rt
+
+            check_driver(self.driver)
+            try:
+                config = rt.Config(self.driver)
+            except Exception as error:  # a driver that is listed but has no device
+                raise FeedError(f"cannot create an IREE {self.driver!r} device: {error}") from None
+            context = rt.SystemContext(config=config)
+            module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
+            context.add_vm_module(module)
+            self._context, self._device = context, config.device
+            self._function = context.modules[module.name]["main"]
+        return self._function
+
+    def describe(self) -> str:
+        stages = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items())
+        return (f"compiled for {self.target.name} (driver {self.driver}), {len(self.vmfb)} bytes, "
+                f"{'cache hit' if self.cache_hit else 'compiled'}: {stages}")
+
+    # -- running ---------------------------------------------------------------------------
+    def _arguments(self, parameters, feeds, resident=None):
+        network = self.plan.network
+        wanted = set(self.arguments)
+        bound_parameters = {} if resident is not None else bind_parameters(network, parameters, wanted)
+        bound_feeds = bind_feeds(network, feeds)
+        args = []
+        for i in self.arguments:
+            if resident is not None and network._opcodes[i].name == "parameter":
+                args.append(resident._device_arrays[i])
+            else:
+                args.append(source_value(network, i, bound_parameters, bound_feeds))
+        return args
+
+    def forward(self, parameters, feeds=None) -> "CompiledRun":
+        """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
+        function = self._load()
+        args = self._arguments(parameters, feeds)
+        try:
+            outputs = function(*args)
+        except Exception as error:
+            raise ToposError(f"IREE could not run the module: {error}") from None
+        return CompiledRun(self, _as_tuple(outputs))
+
+    def resident(self, parameters) -> "ResidentParameters":
+        """Copy a Parameters table to the device once; ``step`` keeps it there."""
+        import iree.runtime as rt
+
+        self._load()
+        network = self.plan.network
+        bound = bind_parameters(network, parameters, set(self.arguments))
+        arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
+        return ResidentParameters(parameters, arrays)
+
+    def step(self, state: "ResidentParameters", feeds, updates) -> tuple["ResidentParameters", "CompiledRun"]:
+        """One training step on device: new parameters stay resident; read the loss from the run.
+
+        ``updates`` maps each parameter to the node holding its next value
+        (``topos.sgd(...)`` records one); those nodes must be entry results.
+        """
+        function = self._load()
+        outputs = _as_tuple(function(*self._arguments(None, feeds, resident=state)))
+        run = CompiledRun(self, outputs)
+        position = {n: k for k, n in enumerate(self.results)}
+        arrays = dict(state._device_arrays)
+        for parameter, new in updates.pairs():
+            if new.index not in position:
+                raise FeedError(f"update {new!r} of {parameter!r} is not a result of this plan's entry")
+            arrays[parameter.index] = outputs[position[new.index]]
+        return ResidentParameters(state._template, arrays), run
+
+    def __repr__(self) -> str:
+        return f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments, {len(self.results)} results>"
+
+
+def _as_tuple(outputs) -> tuple:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+class CompiledRun:
+    """Results of one compiled call; ``run[symbol]`` copies that result to the host once."""
+
+    def __init__(self, compiled: CompiledPlan, outputs: tuple):
+        self._compiled = compiled
+        self._outputs = outputs
+        self._host: dict[int, np.ndarray] = {}
+
+    def _position(self, symbol) -> int:
+        i = self._compiled.plan.network.check(symbol)
+        try:
+            return self._compiled.results.index(i)
+        except ValueError:
+            from topos.errors import SymbolError
+
+            raise SymbolError(f"{symbol!r} is not a declared result of this compiled plan") from None
+
+    def __getitem__(self, symbol) -> np.ndarray:
+        k = self._position(symbol)
+        if k not in self._host:
+            array = np.asarray(self._outputs[k].to_host())
+            array.flags.writeable = False
+            self._host[k] = array
+        return self._host[k]
+
+    def device(self, symbol):
+        """The result still on the device (no host copy)."""
+        return self._outputs[self._position(symbol)]
+
+
+class ResidentParameters:
+    """A Parameters table whose arrays live on the IREE device between steps."""
+
+    def __init__(self, template, device_arrays: dict):
+        self._template = template
+        self._device_arrays = device_arrays
+
+    def to_host(self):
+        """Copy back to a host Parameters table (the only host transfer of the training loop)."""
+        from topos.parameters import Parameters
+
+        pairs = []
+        for symbol, array in self._template.items():
+            device = self._device_arrays.get(symbol.index)
+            pairs.append((symbol, array if device is None else np.asarray(device.to_host())))
+        return Parameters._of(self._template._family, pairs)

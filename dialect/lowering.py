@@ -1,0 +1,576 @@
+"""The ``topos-lower-to-stablehlo`` pass: every topos op becomes StableHLO with the same meaning.
+
+``LOWERINGS`` is the dialect's single place for each opcode's lowering:
+one rule per opcode, keyed by the opcode's name. A rule reads one topos op
+and returns the StableHLO value that replaces its result; the pass walks
+each function in program order, so a rule always sees operands that are
+already StableHLO.
+
+Choices that keep the reference's meaning (each one is tested against the
+oracle in ``tests/dialect/test_lowering_semantics.py``):
+
+* ``maximum`` is ``select(a >= b or a != a, a, b)``, not
+  ``stablehlo.maximum``: the reference sends ties to the left operand, so
+  ``maximum(-0.0, +0.0)`` is ``-0.0``, where IEEE ``maximum`` gives
+  ``+0.0``. (Both propagate a NaN from either side.)
+* Sums start from ``-0.0``, the exact additive identity, so a sum of
+  negative zeros stays ``-0.0`` as in the reference's halving tree. A sum
+  to rank 0 first reshapes its operand to 1-D: GPU code generators reject
+  a multi-axis reduction to a scalar.
+* bfloat16 computes in float32 and rounds once, as the core does, wherever
+  the result depends on more than one correctly rounded step: matmul,
+  sums, fold, scatter, log_softmax, logsumexp, pow and every map function.
+  Single IEEE operations (add, sub, mul, div, neg, comparisons) stay in
+  bfloat16: float32 has more than twice bfloat16's precision plus two
+  bits, so rounding through it gives the same bits.
+* ``fold`` adds the windows lane by lane onto zeros (each lane a strided
+  ``pad``), the reference's order, so its bits match the reference
+  exactly. A 0/1 ``dot_general`` would turn an
+  infinity into NaN (``inf * 0``) and leave the order to the backend.
+* ``gather`` is ``stablehlo.gather``: a copy, exact for every value.
+* ``scatter`` is a ``stablehlo.while`` over positions in ascending order,
+  each adding one row into its target: the reference's accumulation order,
+  so repeated indices give the reference's bits on any backend.
+  ``stablehlo.scatter`` leaves the order of colliding updates unspecified
+  and a one-hot ``dot_general`` both reorders and turns ``inf * 0`` into
+  NaN; a faster parallel form belongs to the fast posture, labeled.
+* ``unfold`` is one strided ``slice`` per lane, concatenated: a copy.
+* ``erf`` is ``chlo.erf``, which IREE's StableHLO input pipeline
+  legalizes for float32 and float64; ``erf_derivative`` is decomposed as
+  ``2/sqrt(pi) * exp(-(x * x))``.
+* ``log_softmax`` and ``logsumexp`` shift by the maximum along the axis,
+  with a non-finite maximum replaced by 0, exactly as the kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from iree.compiler import ir
+
+from .diagnostics import Diagnostic, DialectError
+from .passes import register_pass
+
+PASS_NAME = "topos-lower-to-stablehlo"
+PASS_DESCRIPTION = "replace every topos op by StableHLO (and chlo.erf) with the same meaning"
+
+
+class LoweringError(DialectError):
+    """The lowering could not translate a topos op (unknown opcode or a malformed op)."""
+
+    @classmethod
+    def at(cls, message: str, location: ir.Location | None = None) -> "LoweringError":
+        return cls([Diagnostic.error(message, location)])
+
+    @property
+    def location(self) -> ir.Location | None:
+        return self.diagnostics[0].location if self.diagnostics else None
+
+
+# ---- building StableHLO ---------------------------------------------------------------
+
+
+def _create(name: str, operands: Sequence[ir.Value], result: ir.Type | None,
+            attributes: dict | None = None, regions: int = 0) -> ir.Operation:
+    return ir.Operation.create(
+        name,
+        results=[] if result is None else [result],
+        operands=list(operands),
+        attributes=attributes or {},
+        regions=regions,
+    )
+
+
+def _one(name: str, operands: Sequence[ir.Value], result: ir.Type, **attributes) -> ir.Value:
+    return _create(name, operands, result, attributes).result
+
+
+def _tensor(shape: Sequence[int], element: ir.Type) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(list(shape), element)
+
+
+def _shape(value: ir.Value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _element(value: ir.Value) -> ir.Type:
+    return ir.RankedTensorType(value.type).element_type
+
+
+def _i64s(values: Sequence[int]) -> ir.Attribute:
+    return ir.DenseI64ArrayAttr.get([int(v) for v in values])
+
+
+def _constant(number: float, shape: Sequence[int], element: ir.Type) -> ir.Value:
+    """A splat constant; ``number`` is a float for float elements, an int for integers."""
+    type_ = _tensor(shape, element)
+    if isinstance(element, ir.IntegerType):
+        scalar = ir.IntegerAttr.get(element, int(number))
+    else:
+        scalar = ir.FloatAttr.get(element, float(number))
+    return _one("stablehlo.constant", [], type_, value=ir.DenseElementsAttr.get_splat(type_, scalar))
+
+
+def _like(number: float, value: ir.Value) -> ir.Value:
+    return _constant(number, _shape(value), _element(value))
+
+
+def _unary(name: str, x: ir.Value) -> ir.Value:
+    return _one(name, [x], x.type)
+
+
+def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    return _one(name, [a, b], a.type)
+
+
+def _convert(x: ir.Value, element: ir.Type) -> ir.Value:
+    if _element(x) == element:
+        return x
+    return _one("stablehlo.convert", [x], _tensor(_shape(x), element))
+
+
+def _widened(x: ir.Value) -> ir.Value:
+    """``x`` in its compute type: float32 for bfloat16, itself otherwise."""
+    if isinstance(_element(x), ir.BF16Type):
+        return _convert(x, ir.F32Type.get())
+    return x
+
+
+def _reshape(x: ir.Value, shape: Sequence[int]) -> ir.Value:
+    if _shape(x) == tuple(shape):
+        return x
+    return _one("stablehlo.reshape", [x], _tensor(shape, _element(x)))
+
+
+def _broadcast_in_dim(x: ir.Value, shape: Sequence[int], dimensions: Sequence[int]) -> ir.Value:
+    return _one("stablehlo.broadcast_in_dim", [x], _tensor(shape, _element(x)),
+                broadcast_dimensions=_i64s(dimensions))
+
+
+def _compare(a: ir.Value, b: ir.Value, direction: str) -> ir.Value:
+    predicate = _tensor(_shape(a), ir.IntegerType.get_signless(1))
+    return _one("stablehlo.compare", [a, b], predicate,
+                comparison_direction=ir.Attribute.parse(f"#stablehlo<comparison_direction {direction}>"))
+
+
+def _select(predicate: ir.Value, on_true: ir.Value, on_false: ir.Value) -> ir.Value:
+    return _one("stablehlo.select", [predicate, on_true, on_false], on_true.type)
+
+
+def _slice(x: ir.Value, axis: int, start: int, limit: int, stride: int = 1) -> ir.Value:
+    shape = _shape(x)
+    starts, limits, strides = [0] * len(shape), list(shape), [1] * len(shape)
+    starts[axis], limits[axis], strides[axis] = start, limit, stride
+    out = list(shape)
+    out[axis] = (limit - start + stride - 1) // stride
+    return _one("stablehlo.slice", [x], _tensor(out, _element(x)), start_indices=_i64s(starts),
+                limit_indices=_i64s(limits), strides=_i64s(strides))
+
+
+def _pad(x: ir.Value, axis: int, low: int, high: int, interior: int, filler: float) -> ir.Value:
+    shape = _shape(x)
+    lows, highs, interiors = [0] * len(shape), [0] * len(shape), [0] * len(shape)
+    lows[axis], highs[axis], interiors[axis] = low, high, interior
+    out = list(shape)
+    out[axis] = low + high + shape[axis] + interior * (shape[axis] - 1)
+    return _one("stablehlo.pad", [x, _constant(filler, (), _element(x))], _tensor(out, _element(x)),
+                edge_padding_low=_i64s(lows), edge_padding_high=_i64s(highs),
+                interior_padding=_i64s(interiors))
+
+
+def _reduce(x: ir.Value, dimensions: Sequence[int], combiner: str, initial: float) -> ir.Value:
+    """Reduce ``dimensions`` of ``x`` with the binary op ``combiner`` starting from ``initial``."""
+    element = _element(x)
+    kept = [d for i, d in enumerate(_shape(x)) if i not in dimensions]
+    scalar = _tensor((), element)
+    reduce = _create("stablehlo.reduce", [x, _constant(initial, (), element)], _tensor(kept, element),
+                     {"dimensions": _i64s(dimensions)}, regions=1)
+    body = reduce.regions[0].blocks.append(scalar, scalar)
+    with ir.InsertionPoint(body):
+        _create("stablehlo.return", [_binary(combiner, *body.arguments)], None)
+    return reduce.result
+
+
+def _sum(x: ir.Value, axis: int) -> ir.Value:
+    # -0.0 is the exact additive identity: x + -0.0 == x for every x, -0.0 included.
+    return _reduce(x, [axis], "stablehlo.add", -0.0)
+
+
+def _peak(x: ir.Value, axis: int) -> ir.Value:
+    """The maximum along ``axis`` with a non-finite maximum replaced by 0 (the kernels' shift)."""
+    peak = _reduce(x, [axis], "stablehlo.maximum", -math.inf)
+    finite = _one("stablehlo.is_finite", [peak], _tensor(_shape(peak), ir.IntegerType.get_signless(1)))
+    return _select(finite, peak, _like(0.0, peak))
+
+
+def _restore_axis(x: ir.Value, axis: int, shape: Sequence[int]) -> ir.Value:
+    """Broadcast a value with ``axis`` removed back to ``shape``."""
+    return _broadcast_in_dim(x, shape, [i for i in range(len(shape)) if i != axis])
+
+
+# ---- the rules: one per opcode ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One topos op as a lowering rule reads it."""
+
+    op: ir.Operation
+
+    @property
+    def operands(self) -> list[ir.Value]:
+        return list(self.op.operands)
+
+    @property
+    def type(self) -> ir.RankedTensorType:
+        return ir.RankedTensorType(self.op.results[0].type)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.type.shape)
+
+    @property
+    def element(self) -> ir.Type:
+        return self.type.element_type
+
+    def attribute(self, name: str) -> ir.Attribute:
+        try:
+            return self.op.attributes[name]
+        except KeyError:
+            raise LoweringError.at(
+                f"{self.op.name} has no '{name}' attribute; emit it with the core's attribute names",
+                self.op.location,
+            ) from None
+
+    def int(self, name: str) -> int:
+        return ir.IntegerAttr(self.attribute(name)).value
+
+    def ints(self, name: str) -> tuple[int, ...]:
+        return tuple(ir.DenseI64ArrayAttr(self.attribute(name)))
+
+    def text(self, name: str) -> str:
+        return ir.StringAttr(self.attribute(name)).value
+
+
+def _source(node: _Node) -> ir.Value:
+    # parameter and input wrap their function argument; the argument itself replaces them.
+    return node.operands[0]
+
+
+def _leaf(node: _Node) -> ir.Value:
+    return _one("stablehlo.constant", [], node.type, value=node.attribute("value"))
+
+
+def _exact(name: str) -> Callable[[_Node], ir.Value]:
+    """A single IEEE operation in the element type (exact for bfloat16 too; see the module doc)."""
+    return lambda node: _one(name, node.operands, node.type)
+
+
+def _pow(node: _Node) -> ir.Value:
+    base, exponent = (_widened(x) for x in node.operands)
+    return _convert(_binary("stablehlo.power", base, exponent), node.element)
+
+
+def _maximum(node: _Node) -> ir.Value:
+    a, b = node.operands
+    left = _binary("stablehlo.or", _compare(a, b, "GE"), _compare(a, a, "NE"))
+    return _select(left, a, b)
+
+
+def _step(node: _Node) -> ir.Value:
+    x, threshold = node.operands
+    return _select(_compare(x, threshold, "GE"), _like(1.0, x), _like(0.0, x))
+
+
+def _erf_derivative(x: ir.Value) -> ir.Value:
+    bell = _unary("stablehlo.exponential", _unary("stablehlo.negate", _binary("stablehlo.multiply", x, x)))
+    return _binary("stablehlo.multiply", _like(2.0 / math.sqrt(math.pi), x), bell)
+
+
+def _chlo_erf(x: ir.Value) -> ir.Value:
+    return _unary("chlo.erf", x)
+
+
+# One entry per map function; MAP_FUNCTIONS in the core names the same set.
+MAP_LOWERINGS: dict[str, Callable[[ir.Value], ir.Value]] = {
+    "exp": lambda x: _unary("stablehlo.exponential", x),
+    "log": lambda x: _unary("stablehlo.log", x),
+    "sqrt": lambda x: _unary("stablehlo.sqrt", x),
+    "tanh": lambda x: _unary("stablehlo.tanh", x),
+    "sin": lambda x: _unary("stablehlo.sine", x),
+    "cos": lambda x: _unary("stablehlo.cosine", x),
+    "log1p": lambda x: _unary("stablehlo.log_plus_one", x),
+    "expm1": lambda x: _unary("stablehlo.exponential_minus_one", x),
+    "erf": _chlo_erf,
+    "erf_derivative": _erf_derivative,
+}
+
+
+def _map(node: _Node) -> ir.Value:
+    function = node.text("function")
+    if function not in MAP_LOWERINGS:
+        raise LoweringError.at(
+            f"topos.map: unknown function {function!r}; known: {', '.join(MAP_LOWERINGS)}",
+            node.op.location,
+        )
+    (x,) = node.operands
+    return _convert(MAP_LOWERINGS[function](_widened(x)), node.element)
+
+
+def _matmul(node: _Node) -> ir.Value:
+    a, b = (_widened(x) for x in node.operands)
+    rank = len(node.shape)
+    batch = list(range(rank - 2))
+    numbers = ir.Attribute.parse(
+        f"#stablehlo.dot<lhs_batching_dimensions = {batch}, rhs_batching_dimensions = {batch}, "
+        f"lhs_contracting_dimensions = [{rank - 1}], rhs_contracting_dimensions = [{rank - 2}]>"
+    )
+    product = _one("stablehlo.dot_general", [a, b], _tensor(node.shape, _element(a)),
+                   dot_dimension_numbers=numbers)
+    return _convert(product, node.element)
+
+
+def _full_sum(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    if not _shape(x):
+        return x
+    volume = math.prod(_shape(x))
+    # 1-D first: GPU targets fail on a multi-axis reduction to a scalar.
+    return _convert(_sum(_widened(_reshape(x, [volume])), 0), node.element)
+
+
+def _sum_along(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    return _convert(_sum(_widened(x), node.int("axis")), node.element)
+
+
+def _broadcast(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    return _broadcast_in_dim(_reshape(x, ()), node.shape, [])
+
+
+def _broadcast_along(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    return _restore_axis(x, node.int("axis"), node.shape)
+
+
+def _reshape_rule(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    return _one("stablehlo.reshape", [x], node.type)
+
+
+def _permute(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    return _one("stablehlo.transpose", [x], node.type, permutation=_i64s(node.ints("order")))
+
+
+def _narrow(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    start = node.int("start")
+    return _slice(x, node.int("axis"), start, start + node.int("length"))
+
+
+def _pad_rule(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    axis, start = node.int("axis"), node.int("start")
+    high = node.int("extent") - start - _shape(x)[axis]
+    return _pad(x, axis, start, high, 0, 0.0)
+
+
+def _unfold(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    axis, size, step, dilation = (node.int(n) for n in ("axis", "size", "step", "dilation"))
+    count = node.shape[axis]
+    lane_shape = node.shape[: axis + 1] + (1,) + node.shape[axis + 2 :]
+    lanes = []
+    for lane in range(size):
+        # lane j of window i reads element i*step + j*dilation: a strided slice.
+        first = lane * dilation
+        strided = _slice(x, axis, first, first + (count - 1) * step + 1, step)
+        lanes.append(_reshape(strided, lane_shape))
+    if len(lanes) == 1:
+        return lanes[0]
+    return _one("stablehlo.concatenate", lanes, node.type, dimension=ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(64), axis + 1))
+
+
+def _fold(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    axis, size, step, dilation, extent = (
+        node.int(n) for n in ("axis", "size", "step", "dilation", "extent")
+    )
+    work = _widened(x)
+    count = _shape(x)[axis]
+    lane_shape = _shape(x)[:axis] + (count,) + _shape(x)[axis + 2 :]
+    total = _constant(0.0, node.shape, _element(work))
+    for lane in range(size):
+        values = _reshape(_slice(work, axis + 1, lane, lane + 1), lane_shape)
+        first = lane * dilation
+        last = first + (count - 1) * step
+        # +0.0 fills the positions this lane does not touch. The running total
+        # starts at +0.0 and so is never -0.0, and x + 0.0 == x for every other x.
+        placed = _pad(values, axis, first, extent - last - 1, step - 1, 0.0)
+        total = _binary("stablehlo.add", total, placed)
+    return _convert(total, node.element)
+
+
+def _gather(node: _Node) -> ir.Value:
+    table, selection = node.operands
+    picks = len(_shape(selection))
+    rows = _shape(table)[1:]
+    numbers = ir.Attribute.parse(
+        f"#stablehlo.gather<offset_dims = {[picks + i for i in range(len(rows))]}, "
+        f"collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {picks}>"
+    )
+    return _one("stablehlo.gather", [table, selection], node.type, dimension_numbers=numbers,
+                slice_sizes=_i64s((1,) + rows))
+
+
+def _scatter(node: _Node) -> ir.Value:
+    values, selection = node.operands
+    positions = math.prod(_shape(selection))
+    row = node.shape[1:]
+    work = _widened(values)
+    element = _element(work)
+    rows = _reshape(work, (positions,) + row)
+    targets = _reshape(selection, (positions,))
+    index = ir.IntegerType.get_signless(64)
+    counter_type, total_type = _tensor((), index), _tensor(node.shape, element)
+    loop = ir.Operation.create(
+        "stablehlo.while",
+        results=[counter_type, total_type],
+        operands=[_constant(0, (), index), _constant(0.0, node.shape, element)],
+        regions=2,
+    )
+    condition = loop.regions[0].blocks.append(counter_type, total_type)
+    with ir.InsertionPoint(condition):
+        position = condition.arguments[0]
+        more = _compare(position, _constant(positions, (), index), "LT")
+        _create("stablehlo.return", [more], None)
+    body = loop.regions[1].blocks.append(counter_type, total_type)
+    with ir.InsertionPoint(body):
+        position, total = body.arguments
+        zeros = [_constant(0, (), index)] * len(row)
+        one_row = (1,) + row
+        target = _reshape(
+            _one("stablehlo.dynamic_slice", [targets, position], _tensor((1,), index),
+                 slice_sizes=_i64s((1,))),
+            (),
+        )
+        incoming = _one("stablehlo.dynamic_slice", [rows, position, *zeros], _tensor(one_row, element),
+                        slice_sizes=_i64s(one_row))
+        current = _one("stablehlo.dynamic_slice", [total, target, *zeros], _tensor(one_row, element),
+                       slice_sizes=_i64s(one_row))
+        updated = _one("stablehlo.dynamic_update_slice",
+                       [total, _binary("stablehlo.add", current, incoming), target, *zeros], total_type)
+        following = _binary("stablehlo.add", position, _constant(1, (), index))
+        _create("stablehlo.return", [following, updated], None)
+    return _convert(loop.results[1], node.element)
+
+
+def _log_softmax(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    axis = node.int("axis")
+    work = _widened(x)
+    shape = _shape(work)
+    shifted = _binary("stablehlo.subtract", work, _restore_axis(_peak(work, axis), axis, shape))
+    total = _unary("stablehlo.log", _sum(_unary("stablehlo.exponential", shifted), axis))
+    out = _binary("stablehlo.subtract", shifted, _restore_axis(total, axis, shape))
+    return _convert(out, node.element)
+
+
+def _logsumexp(node: _Node) -> ir.Value:
+    (x,) = node.operands
+    axis = node.int("axis")
+    work = _widened(x)
+    peak = _peak(work, axis)
+    shifted = _binary("stablehlo.subtract", work, _restore_axis(peak, axis, _shape(work)))
+    total = _unary("stablehlo.log", _sum(_unary("stablehlo.exponential", shifted), axis))
+    return _convert(_binary("stablehlo.add", peak, total), node.element)
+
+
+# The table: one rule per opcode of topos.OPCODES (a completeness test enforces it).
+LOWERINGS: dict[str, Callable[[_Node], ir.Value]] = {
+    "leaf": _leaf,
+    "parameter": _source,
+    "input": _source,
+    "add": _exact("stablehlo.add"),
+    "sub": _exact("stablehlo.subtract"),
+    "mul": _exact("stablehlo.multiply"),
+    "div": _exact("stablehlo.divide"),
+    "neg": _exact("stablehlo.negate"),
+    "pow": _pow,
+    "maximum": _maximum,
+    "step": _step,
+    "map": _map,
+    "matmul": _matmul,
+    "sum": _full_sum,
+    "sum_along": _sum_along,
+    "broadcast": _broadcast,
+    "broadcast_along": _broadcast_along,
+    "reshape": _reshape_rule,
+    "permute": _permute,
+    "narrow": _narrow,
+    "pad": _pad_rule,
+    "unfold": _unfold,
+    "fold": _fold,
+    "gather": _gather,
+    "scatter": _scatter,
+    "log_softmax": _log_softmax,
+    "logsumexp": _logsumexp,
+}
+
+
+# ---- the pass ---------------------------------------------------------------------------
+
+
+def _topos_ops(root: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op):
+        if op.operation.name.startswith("topos."):
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found
+
+
+def lower_operation(op: ir.Operation) -> None:
+    """Replace one topos op by its StableHLO, inserted just before it."""
+    opcode = op.name[len("topos."):]
+    rule = LOWERINGS.get(opcode)
+    if rule is None:
+        raise LoweringError.at(
+            f"{op.name} has no StableHLO lowering; the vocabulary is {', '.join(sorted(LOWERINGS))}",
+            op.location,
+        )
+    with op.location, ir.InsertionPoint(op):
+        value = rule(_Node(op))
+    if value.type != op.results[0].type:
+        raise LoweringError.at(
+            f"lowering {op.name} produced {value.type}, but the op declares {op.results[0].type}",
+            op.location,
+        )
+    op.results[0].replace_all_uses_with(value)
+    op.erase()
+
+
+def lower_to_stablehlo(root: ir.Operation) -> None:
+    """Lower every topos op under ``root`` (a module or a function), in program order."""
+    for op in _topos_ops(root):
+        lower_operation(op)
+
+
+@register_pass(PASS_NAME, PASS_DESCRIPTION)
+def lowering_pass(module) -> None:
+    """The registered pass: lower ``module`` in place; LoweringError at the failing op's location."""
+    lower_to_stablehlo(module.operation)
+
+
+__all__ = [
+    "LOWERINGS", "MAP_LOWERINGS", "PASS_DESCRIPTION", "PASS_NAME", "LoweringError",
+    "lower_operation", "lower_to_stablehlo", "lowering_pass",
+]

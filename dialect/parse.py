@@ -1,0 +1,159 @@
+"""Reading topos IR back into a spec: the inverse of ``dialect/emit.py``.
+
+The ops are replayed in order on a fresh tape, each through its opcode, so
+the core's recorder (not this module) decides what a valid node is. When
+the module holds a whole network, the rebuilt network's ``describe()`` is
+the original's and emitting it again gives the same text. Sites come back
+from the op locations (file and line; locations carry no function name).
+
+Parameters and inputs carry no payload in IR: they come back as zeros of
+their shape and element type (a selection input as index 0), which fixes
+the spec but not an initial value.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from iree.compiler import ir
+from iree.compiler.dialects import builtin
+
+from topos.element import selection
+from topos.network import Network
+from topos.symbol import Symbol
+from topos.tape import Tape
+
+from . import context as _context
+from .diagnostics import Diagnostic, DialectError, VerificationError, site_of
+from .emit import FUNCTION_NAME, OBSERVE
+from .ops import DIALECT, LeafOp, ToposOp, verify_module
+
+
+def parse_module(text: str, *, context: ir.Context | None = None, source_name: str = "<string>"):
+    """Parse topos IR text into a ``builtin.module`` op (a syntax error raises DialectError).
+
+    Locations of ops without an explicit ``loc(...)`` name ``source_name``.
+    Top-level ops other than one module are wrapped in a module, as
+    mlir-opt does.
+    """
+    context = _context.configure(context) if context is not None else _context.new_context()
+    with context:
+        try:
+            parsed = ir.Operation.parse(text, source_name=source_name)
+        except ir.MLIRError as error:
+            if not any("single top-level operation" in d.message for d in error.error_diagnostics):
+                raise DialectError.from_mlir(error) from None
+            return _parse_several(text, source_name)
+        if parsed.operation.name == "builtin.module":
+            return parsed
+        module = builtin.ModuleOp(loc=parsed.location)
+        ir.InsertionPoint(module.body).insert(parsed.operation)
+        return module
+
+
+def _parse_several(text: str, source_name: str):
+    # Module.parse wraps several top-level ops in a module but names the
+    # buffer "-"; print with locations, rename, and parse once more.
+    try:
+        wrapped = ir.Module.parse(text)
+    except ir.MLIRError as error:
+        raise DialectError.from_mlir(error) from None
+    printed = wrapped.operation.get_asm(enable_debug_info=True)
+    quoted = '"' + source_name.replace("\\", "\\\\").replace('"', '\\22') + '"'
+    renamed = re.sub(r'loc\("-":', lambda _: f"loc({quoted}:", printed)
+    return ir.Operation.parse(renamed, source_name=source_name)
+
+
+def parse_spec(
+    source: "str | ir.Module", *, context: ir.Context | None = None
+) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
+    """Rebuild ``(network, roots, observes)`` from topos IR (text or a parsed module)."""
+    module = parse_module(source, context=context) if isinstance(source, str) else source
+    with module.context, ir.Location.unknown():
+        problems = verify_module(module)
+        if problems:
+            raise VerificationError(problems)
+        function = _main_function(module)
+        return _replay(function)
+
+
+def _main_function(module: ir.Module):
+    functions = [op for op in module.body.operations if op.operation.name == "func.func"]
+    named = [f for f in functions if ir.StringAttr(f.attributes["sym_name"]).value == FUNCTION_NAME]
+    chosen = named or functions
+    if len(chosen) != 1:
+        raise DialectError(
+            [Diagnostic.error(f"expected one func.func @{FUNCTION_NAME} holding the spec, found {len(functions)} functions", module.operation)]
+        )
+    return chosen[0]
+
+
+def _replay(function) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
+    blocks = list(function.regions[0].blocks)
+    if len(blocks) != 1:
+        raise DialectError([Diagnostic.error("the spec function must have exactly one block", function)])
+    tape = Tape()
+    recorded: dict[ir.Value, object] = {}
+    terminator = None
+    for operation in blocks[0].operations:
+        name = operation.operation.name
+        if name == "func.return":
+            terminator = operation
+            continue
+        if not name.startswith(DIALECT + "."):
+            raise DialectError(
+                [Diagnostic.error(f"'{name}' is not a topos op; only topos IR reads back into a spec", operation)]
+            )
+        view: ToposOp = operation.operation.opview
+        value = _record(tape, view, recorded)
+        tape._sites[-1] = site_of(view.location)  # the recording site is the op's, not ours
+        recorded[view.operation.results[0]] = value
+    if terminator is None:
+        raise DialectError([Diagnostic.error("the spec function has no return", function)])
+    results = []
+    for position, returned in enumerate(terminator.operation.operands):
+        if returned not in recorded:
+            raise DialectError(
+                [Diagnostic.error(f"result #{position} is not computed by a topos op", terminator)]
+            )
+        results.append(recorded[returned])
+    observed = _observed_results(function, len(results))
+    network = tape.seal()
+    symbols = [v.symbol for v in results]
+    roots = tuple(s for s, o in zip(symbols, observed) if not o)
+    observes = tuple(s for s, o in zip(symbols, observed) if o)
+    if observed != sorted(observed):
+        raise DialectError(
+            [Diagnostic.error("observes must follow the roots in the function results", function)]
+        )
+    return network, roots, observes
+
+
+def _record(tape: Tape, view: ToposOp, recorded: dict):
+    name = view.opcode.name
+    if name == "leaf":
+        leaf: LeafOp = view
+        payload = leaf.value
+        if leaf.extent is not None:
+            payload = selection(payload, leaf.extent)
+        return tape.leaf(payload)
+    if name in ("parameter", "input"):
+        spec = view.spec
+        if view.extent is not None:
+            default = selection(np.zeros(spec.shape, dtype=np.int64), view.extent)
+        else:
+            default = np.zeros(spec.shape, dtype=spec.dtype)
+        return tape.parameter(default) if name == "parameter" else tape.input(default)
+    operands = [recorded[v] for v in view.operation.operands]
+    return view.opcode.express(operands, view.opcode_attributes())
+
+
+def _observed_results(function, count: int) -> list[bool]:
+    if "res_attrs" not in function.attributes:
+        return [False] * count
+    dictionaries = ir.ArrayAttr(function.attributes["res_attrs"])
+    return [OBSERVE in ir.DictAttr(d) for d in dictionaries]
+
+
+__all__ = ["parse_module", "parse_spec"]

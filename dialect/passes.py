@@ -1,0 +1,328 @@
+"""The pass registry: named passes over topos IR, runnable from Python and ``topos-opt``.
+
+A pass is a Python function that takes the module (a ``builtin.module``
+op) and its options as keyword arguments, changes the module in place, and
+raises :class:`PassFailure` to report errors at op locations::
+
+    @register_pass("topos-count", "Annotate each op with its position")
+    def count(module, *, start="0"):
+        ...
+
+Options arrive as strings, spelled as in MLIR pipelines:
+``topos-count{start=5}``. :func:`run_pipeline` runs a list of such
+elements, mixing registered Python passes and upstream MLIR passes
+(``canonicalize``, ``cse``, ``func.func(cse)``) by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from iree.compiler import ir, passmanager
+
+from .diagnostics import Diagnostic, DialectError
+from .ops import verify_module
+
+PIPELINE_PARSER = "MLIR Textual PassPipeline Parser"  # the "file" pipeline diagnostics point into
+
+
+class PassFailure(DialectError):
+    """A pass could not do its job; ``diagnostics`` point at the ops responsible."""
+
+    @classmethod
+    def at(cls, where, message: str) -> "PassFailure":
+        """One error at an op (or a location)."""
+        return cls([Diagnostic.error(message, where)])
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A registered pass: its name, a one-line description, and how to run it."""
+
+    name: str
+    description: str
+    run: Callable[..., None] | None  # None for an upstream MLIR pass run by name
+    options: tuple[tuple[str, str], ...] = ()  # (option, default) for a Python pass
+
+    @property
+    def upstream(self) -> bool:
+        return self.run is None
+
+
+_REGISTRY: dict[str, Pass] = {}
+
+
+def register_pass(name: str, description: str) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn(module, **options)`` as the pass ``name``.
+
+    Keyword parameters with defaults become the pass's options. The
+    function is returned unchanged, so it stays callable directly.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        if name in _REGISTRY and _REGISTRY[name].run is not fn:
+            raise ValueError(f"a pass named {name!r} is already registered")
+        options = tuple(
+            (p.name, "" if p.default is inspect.Parameter.empty else str(p.default))
+            for p in list(inspect.signature(fn).parameters.values())[1:]
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
+        _REGISTRY[name] = Pass(name, description, fn, options)
+        return fn
+
+    return decorate
+
+
+def register_upstream_pass(name: str, description: str) -> None:
+    """List an upstream MLIR pass so ``topos-opt`` offers a ``--name`` flag for it."""
+    _REGISTRY.setdefault(name, Pass(name, description, None))
+
+
+def registered_passes() -> tuple[Pass, ...]:
+    """Every registered pass, Python passes first, each group by name."""
+    return tuple(sorted(_REGISTRY.values(), key=lambda p: (p.upstream, p.name)))
+
+
+def lookup(name: str) -> Pass | None:
+    return _REGISTRY.get(name)
+
+
+# Modules that register passes when imported. A module that does not exist
+# yet is skipped; one that fails to import is a bug and is reported.
+PASS_MODULES: tuple[str, ...] = ("topos.dialect.lowering", "topos.dialect.pipeline")
+ENTRY_POINT_GROUP = "topos.passes"  # third-party packages register passes here
+
+
+def load_pass_modules(extra: Iterable[str] = ()) -> None:
+    """Import every module that registers passes (the dialect's own, entry points, ``extra``)."""
+    for module in PASS_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        entry.load()
+    for module in extra:
+        importlib.import_module(module)
+
+
+# ---- pipelines ---------------------------------------------------------------------------
+
+
+def split_pipeline(pipeline: str) -> list[tuple[str, int]]:
+    """Top-level elements of a textual pipeline with their offsets: ``"a,b{x=1}"`` -> a, b{x=1}.
+
+    A pipeline wrapped in ``builtin.module(...)`` is unwrapped, so mlir-opt
+    spellings work unchanged.
+    """
+    text = pipeline.strip()
+    base = len(pipeline) - len(pipeline.lstrip())
+    anchor = "builtin.module("
+    if text.startswith(anchor) and text.endswith(")") and _balanced_end(text, len(anchor) - 1) == len(text) - 1:
+        text, base = text[len(anchor) : -1], base + len(anchor)
+    elements, depth, start = [], 0, 0
+    for i, character in enumerate(text + ","):
+        if character in "({":
+            depth += 1
+        elif character in ")}":
+            depth -= 1
+        elif character == "," and depth == 0:
+            element = text[start:i]
+            stripped = element.strip()
+            if stripped:
+                elements.append((stripped, base + start + len(element) - len(element.lstrip())))
+            start = i + 1
+    if depth != 0:
+        raise _pipeline_error(pipeline, len(pipeline), f"unbalanced brackets in the pass pipeline {pipeline!r}")
+    return elements
+
+
+def _balanced_end(text: str, opening: int) -> int:
+    depth = 0
+    for i in range(opening, len(text)):
+        if text[i] in "({":
+            depth += 1
+        elif text[i] in ")}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def parse_options(element: str, offset: int = 0) -> tuple[str, dict[str, str]]:
+    """``name{a=1 b="x y"}`` -> ("name", {"a": "1", "b": "x y"})."""
+    if "{" not in element:
+        return element, {}
+    name, _, rest = element.partition("{")
+    if not rest.endswith("}"):
+        raise _pipeline_error(element, offset + len(element), f"expected '}}' after the options of {name!r}")
+    body, options, i = rest[:-1], {}, 0
+    while i < len(body):
+        if body[i].isspace():
+            i += 1
+            continue
+        key_end = i
+        while key_end < len(body) and body[key_end] not in "= ":
+            key_end += 1
+        key = body[i:key_end]
+        if key_end >= len(body) or body[key_end] != "=":
+            options[key] = "true"  # a bare flag, as MLIR's option parser allows
+            i = key_end
+            continue
+        j = key_end + 1
+        if j < len(body) and body[j] in "\"'{":
+            closing = {"{": "}"}.get(body[j], body[j])
+            end = body.find(closing, j + 1)
+            if end < 0:
+                raise _pipeline_error(element, offset, f"unterminated value for option {key!r}")
+            options[key] = body[j + 1 : end]
+            i = end + 1
+        else:
+            end = j
+            while end < len(body) and not body[end].isspace():
+                end += 1
+            options[key] = body[j:end]
+            i = end
+    return name.strip(), options
+
+
+def _pipeline_error(pipeline: str, offset: int, message: str) -> DialectError:
+    with _some_context():
+        location = ir.Location.file(PIPELINE_PARSER, 1, offset + 1)
+    return PassFailure([Diagnostic("error", message, location)])
+
+
+def _some_context():
+    return ir.Context.current if _has_current_context() else ir.Context()
+
+
+def _has_current_context() -> bool:
+    try:
+        ir.Context.current
+    except ValueError:
+        return False
+    return True
+
+
+def run_pipeline(
+    module,
+    pipeline: str | Sequence[str],
+    *,
+    verify_each: bool = True,
+    after_each: Callable[[str, object], None] | None = None,
+) -> None:
+    """Run passes on ``module`` in order; raise PassFailure (with locations) when one fails.
+
+    ``pipeline`` is a textual pipeline (``"topos-verify,canonicalize,cse"``,
+    ``"builtin.module(cse)"``) or a list of its elements. Registered Python
+    passes and upstream MLIR passes mix freely. With ``verify_each`` the
+    module is verified (MLIR's verifier and the topos op verifiers) after
+    every pass, as mlir-opt does. ``after_each(element, module)`` is called
+    after every pass (``--mlir-print-ir-after-all``).
+    """
+    with module.context:
+        if isinstance(pipeline, str):
+            elements = split_pipeline(pipeline)
+        else:
+            elements = [(e, 0) for text in pipeline for e, _ in split_pipeline(text)]
+        for element, offset in elements:
+            _run_element(module, element, offset)
+            if verify_each:
+                verify_or_raise(module, after=element)
+            if after_each is not None:
+                after_each(element, module)
+
+
+def _run_element(module, element: str, offset: int) -> None:
+    name, options = parse_options(element, offset)
+    registered = _REGISTRY.get(name)
+    if registered is not None and not registered.upstream:
+        _run_python_pass(module, registered, options, element, offset)
+        return
+    try:
+        manager = passmanager.PassManager.parse(f"builtin.module({element})")
+    except ValueError as error:
+        raise _upstream_pipeline_error(element, offset, str(error)) from None
+    try:
+        manager.run(module.operation)
+    except ir.MLIRError as error:
+        raise PassFailure.from_mlir(error, f"pass '{element}' failed") from None
+
+
+def _run_python_pass(module, registered: Pass, options: dict[str, str], element: str, offset: int) -> None:
+    known = {option for option, _ in registered.options}
+    accepts_any = any(
+        p.kind is p.VAR_KEYWORD for p in inspect.signature(registered.run).parameters.values()
+    )
+    unknown = sorted(set(options) - known)
+    if unknown and not accepts_any:
+        raise _pipeline_error(
+            element,
+            offset,
+            f"pass '{registered.name}' has no option '{unknown[0]}'"
+            + (f" (its options: {', '.join(sorted(known))})" if known else " (it takes no options)"),
+        )
+    with ir.Location.unknown():
+        try:
+            registered.run(module, **options)
+        except DialectError:
+            raise
+        except ir.MLIRError as error:
+            raise PassFailure.from_mlir(error, f"pass '{registered.name}' failed") from error
+        except Exception as error:  # a bug in the pass: report it, keep the cause chained
+            raise PassFailure(
+                [Diagnostic.error(f"pass '{registered.name}' crashed: {type(error).__name__}: {error}")]
+            ) from error
+
+
+def _upstream_pipeline_error(element: str, offset: int, text: str) -> DialectError:
+    first = text.strip().splitlines()[0] if text.strip() else "invalid pass pipeline"
+    message = first.split("error: ", 1)[-1]
+    if "does not refer to a registered pass" in message:
+        python = [p.name for p in registered_passes() if not p.upstream]
+        message += f" (topos passes: {', '.join(python)})"
+    elif "no such option" in text:
+        message = " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return _pipeline_error(element, offset, message)
+
+
+def verify_or_raise(module, after: str | None = None) -> None:
+    """MLIR's structural verifier, then every topos op's verifier; PassFailure on any problem."""
+    try:
+        module.operation.verify()
+    except ir.MLIRError as error:
+        raise PassFailure.from_mlir(error) from None
+    problems = verify_module(module)
+    if problems:
+        raise PassFailure(problems)
+
+
+# ---- the passes this module owns -----------------------------------------------------------
+
+
+@register_pass(
+    "topos-verify",
+    "Check every topos op against its opcode: operand count, types, attributes, shape rule",
+)
+def verify_pass(module) -> None:
+    """Report every topos op that the core's shape rules reject, at the op's location."""
+    verify_or_raise(module)
+
+
+register_upstream_pass("canonicalize", "Upstream MLIR canonicalizer (leaves topos ops alone)")
+register_upstream_pass("cse", "Upstream MLIR common subexpression elimination (registered ops only)")
+register_upstream_pass("symbol-dce", "Upstream MLIR dead symbol elimination")
+register_upstream_pass("inline", "Upstream MLIR inliner")
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "PASS_MODULES", "Pass", "PassFailure", "load_pass_modules", "lookup",
+    "parse_options", "register_pass", "register_upstream_pass", "registered_passes",
+    "run_pipeline", "split_pipeline", "verify_or_raise",
+]

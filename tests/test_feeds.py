@@ -1,0 +1,182 @@
+"""Feeds: {input symbol: array-like} per run, checked against the recorded input's shape and type."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import topos
+from topos import Tape
+from topos.errors import FeedError, SymbolError, ToposError
+
+F32 = np.float32
+
+
+def _model(tape):
+    x = tape.input(np.zeros((2, 3), F32))
+    s = tape.input(np.float64(1.5))
+    indices = tape.input(topos.selection([0, 0], 4))
+    table = tape.parameter(np.arange(12, dtype=F32).reshape(4, 3))
+    c = tape.leaf(np.ones((2, 3), F32))
+    rows = table.gather(indices)
+    y = (x + rows) * c
+    return x, s, indices, table, c, y
+
+
+@pytest.fixture
+def recorded():
+    network, symbols = Tape.record(_model)
+    return network, network.parameters(), symbols
+
+
+def _error(recorded, feeds, kind=FeedError) -> str:
+    network, parameters, _ = recorded
+    with pytest.raises(kind) as caught:
+        network.forward(parameters, feeds)
+    assert isinstance(caught.value, ToposError)
+    return str(caught.value)
+
+
+# ---- accepted feeds --------------------------------------------------------------------------------
+
+
+def test_fed_arrays_are_used_and_unfed_inputs_take_their_defaults(recorded):
+    network, parameters, (x, s, indices, table, c, y) = recorded
+    data = np.arange(6, dtype=F32).reshape(2, 3)
+    run = network.forward(parameters, {x: data, indices: np.array([3, 1])})
+    assert np.array_equal(run[x], data)
+    assert float(run[s]) == 1.5
+    expected = (data.astype(np.float64) + np.arange(12.0).reshape(4, 3)[[3, 1]]).astype(F32)
+    assert np.array_equal(run[y], expected)
+    defaults = network.forward(parameters)
+    assert np.array_equal(defaults[x], np.zeros((2, 3), F32)) and defaults[indices].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[[1, 2, 3], [4, 5, 6]], [[1.0, 2.5, 3.0], [4.0, 5.0, 6.0]], ((1, 2, 3), (4, 5, 6))],
+    ids=["int-lists", "float-lists", "tuples"],
+)
+def test_python_lists_are_converted_to_the_inputs_element_type(recorded, value):
+    network, parameters, (x, *_) = recorded
+    got = network.forward(parameters, {x: value})[x]
+    assert got.dtype == F32 and got.shape == (2, 3)
+    assert np.array_equal(got, np.asarray(value, dtype=np.float64).astype(F32))
+
+
+@pytest.mark.parametrize("value", [2, 2.0, np.float64(2.0), np.array(2.0)], ids=["int", "float", "np.float64", "0-d"])
+def test_python_numbers_and_matching_numpy_scalars_feed_a_rank_zero_input(recorded, value):
+    network, parameters, (x, s, *_) = recorded
+    got = network.forward(parameters, {s: value})[s]
+    assert got.dtype == np.float64 and got.shape == () and float(got) == 2.0
+
+
+def test_python_floats_are_rounded_to_a_narrow_input_type():
+    network, x = Tape.record(lambda tape: tape.input(np.zeros(2, topos.bfloat16)))
+    got = network.forward(network.parameters(), {x: [1.0 / 3.0, 1000.1]})[x]
+    assert got.dtype == topos.bfloat16
+    assert np.array_equal(got, np.array([1.0 / 3.0, 1000.1]).astype(topos.bfloat16))
+
+
+def test_a_fed_array_is_copied_so_later_changes_do_not_reach_the_run(recorded):
+    network, parameters, (x, *_) = recorded
+    data = np.ones((2, 3), F32)
+    run = network.forward(parameters, {x: data})
+    data[:] = 5.0
+    assert np.array_equal(run[x], np.ones((2, 3), F32))
+    assert not run[x].flags.writeable
+
+
+def test_selection_feeds_accept_any_integer_array(recorded):
+    network, parameters, (x, s, indices, *_) = recorded
+    for value in (np.array([3, 2], np.int32), np.array([1, 0], np.uint8), [2, 3]):
+        got = network.forward(parameters, {indices: value})[indices]
+        assert got.tolist() == list(np.asarray(value)) and got.dtype == np.int64
+
+
+# ---- refused feeds ----------------------------------------------------------------------------------
+
+
+def test_wrong_shape_names_the_input_and_both_shapes(recorded):
+    _, _, (x, *_) = recorded
+    message = _error(recorded, {x: np.zeros((3, 2), F32)})
+    assert f"input {x!r}" in message and "[2, 3]" in message and "[3, 2]" in message
+    assert f"{__file__}:" in message  # where the input was recorded
+
+
+def test_wrong_shape_from_a_list_names_both_shapes(recorded):
+    _, _, (x, *_) = recorded
+    message = _error(recorded, {x: [1.0, 2.0, 3.0]})
+    assert f"input {x!r}" in message and "[2, 3]" in message and "[3]" in message
+
+
+@pytest.mark.parametrize("dtype", [np.float64, topos.bfloat16, np.int32], ids=["f64", "bf16", "int32"])
+def test_wrong_element_type_names_the_input_and_both_types(recorded, dtype):
+    _, _, (x, *_) = recorded
+    message = _error(recorded, {x: np.zeros((2, 3), dtype)})
+    assert f"input {x!r}" in message and "f32" in message and np.dtype(dtype).name in message
+    assert "astype" in message
+
+
+def test_a_numpy_scalar_of_another_type_is_refused(recorded):
+    _, _, (x, s, *_) = recorded
+    message = _error(recorded, {s: np.float32(1.0)})
+    assert f"input {s!r}" in message and "f64" in message and "float32" in message
+
+
+@pytest.mark.parametrize("value", [[[1, 2, 3], [4, 5]], "abc", object()], ids=["ragged", "string", "object"])
+def test_unconvertible_values_raise_feed_error_naming_the_input(recorded, value):
+    _, _, (x, *_) = recorded
+    message = _error(recorded, {x: value})
+    assert f"input {x!r}" in message and "[2, 3] f32" in message
+
+
+@pytest.mark.parametrize("which", [3, 4, 5], ids=["parameter", "leaf", "computed"])
+def test_feeding_a_non_input_names_the_symbol_and_what_it_is(recorded, which):
+    network, _, symbols = recorded
+    symbol = symbols[which]
+    message = _error(recorded, {symbol: np.zeros(network.node(symbol).shape, F32)})
+    assert f"{symbol!r} is a {network.node(symbol).opcode.name}, not an input" in message
+
+
+def test_a_symbol_of_another_network_is_refused(recorded):
+    _, foreign = Tape.record(lambda tape: tape.input(np.zeros((2, 3), F32)))
+    message = _error(recorded, {foreign: np.zeros((2, 3), F32)}, SymbolError)
+    assert repr(foreign) in message and "another tape" in message
+
+
+def test_a_symbol_beyond_the_network_is_refused(recorded):
+    network, _, _ = recorded
+    unknown = topos.Symbol(network.family, len(network) + 3)
+    message = _error(recorded, {unknown: 1.0}, SymbolError)
+    assert repr(unknown) in message and "recorded after" in message
+
+
+@pytest.mark.parametrize("key", ["x", 0, None], ids=["string", "int", "none"])
+def test_a_key_that_is_not_a_symbol_is_refused_with_its_type(recorded, key):
+    message = _error(recorded, {key: 1.0}, SymbolError)
+    assert type(key).__name__ in message and "not a Symbol" in message
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (np.array([1, 4]), ["index 4", "position (1,)", "[0, 4)"]),
+        (np.array([-1, 0]), ["index -1", "position (0,)", "[0, 4)"]),
+    ],
+    ids=["past-the-end", "negative"],
+)
+def test_selection_indices_out_of_range_name_the_index_and_extent(recorded, value, words):
+    _, _, (x, s, indices, *_) = recorded
+    message = _error(recorded, {indices: value})
+    assert f"input {indices!r}" in message
+    for word in words:
+        assert word in message
+
+
+def test_a_selection_fed_with_floats_or_the_wrong_shape_is_refused(recorded):
+    _, _, (x, s, indices, *_) = recorded
+    message = _error(recorded, {indices: np.array([1.0, 2.0])})
+    assert f"input {indices!r}" in message and "integer" in message and "float64" in message
+    message = _error(recorded, {indices: np.array([1, 2, 3])})
+    assert "[2]" in message and "[3]" in message

@@ -1,0 +1,68 @@
+"""Optimizer updates recorded in the graph, so a whole training step compiles to one function.
+
+``sgd(tape, adjoints, learning_rate)`` appends ``p - learning_rate * g``
+for every parameter the adjoints cover and returns the pairs. An entry
+over ``updates.roots(loss)`` then computes the loss and every next
+parameter in one run — the shape a compiled backend keeps on the device.
+(Host-side optimizers that step a Parameters table stay pure table
+transforms; this is the in-graph spelling of the same rule.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import DifferentiationError
+
+
+class Updates:
+    """(parameter, next value) pairs recorded on a tape; Values while open, Symbols once detached."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs):
+        self._pairs = tuple(pairs)
+
+    def pairs(self) -> tuple:
+        return self._pairs
+
+    def __getitem__(self, parameter):
+        key = getattr(parameter, "symbol", parameter)
+        for p, new in self._pairs:
+            if getattr(p, "symbol", p) == key:
+                return new
+        raise KeyError(f"{parameter!r} has no recorded update")
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def roots(self, loss=None) -> list:
+        """Root list for a training entry: the loss (if given) then every next value."""
+        return ([loss] if loss is not None else []) + [new for _, new in self._pairs]
+
+    def detach(self) -> "Updates":
+        from .tape import detach
+
+        return Updates((detach(p), detach(new)) for p, new in self._pairs)
+
+    def __repr__(self) -> str:
+        return "Updates(" + ", ".join(f"{getattr(p, 'symbol', p)!r}->{getattr(n, 'symbol', n)!r}"
+                                      for p, n in self._pairs) + ")"
+
+
+def sgd(tape, adjoints, learning_rate) -> Updates:
+    """Record ``p - learning_rate * g`` for each (parameter, gradient) of ``adjoints``.
+
+    ``learning_rate`` is a number (recorded as a leaf) or a rank-0 Value
+    (for example an input, so a schedule can feed it per step).
+    """
+    pairs = []
+    for parameter, gradient in adjoints.pairs():
+        if tape._opcodes[parameter._index].name != "parameter":
+            raise DifferentiationError(f"sgd: {parameter.symbol!r} is not a parameter")
+        if hasattr(learning_rate, "symbol"):
+            rate = learning_rate if gradient.shape == () else learning_rate.broadcast(gradient.shape)
+        else:
+            rate = tape.leaf(np.full(gradient.shape, learning_rate, dtype=gradient.dtype))
+        pairs.append((parameter, parameter - rate * gradient))
+    return Updates(pairs)
