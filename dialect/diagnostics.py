@@ -87,7 +87,7 @@ def node_location(index: int, opcode: str, site: Site) -> ir.Location:
 def downcast(location: ir.Location) -> ir.Location:
     """The specific location class (diagnostics hand back plain ``ir.Location`` objects)."""
     if type(location) is ir.Location:
-        return ir.Location.from_attr(location.attr)
+        return ir.Location.from_attr(location.attr, context=location.context)
     return location
 
 

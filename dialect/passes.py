@@ -92,7 +92,9 @@ def lookup(name: str) -> Pass | None:
 
 # Modules that register passes when imported. A module that does not exist
 # yet is skipped; one that fails to import is a bug and is reported.
-PASS_MODULES: tuple[str, ...] = ("topos.dialect.lowering", "topos.dialect.pipeline")
+PASS_MODULES: tuple[str, ...] = (
+    "topos.dialect.lowering", "topos.dialect.pipeline", "topos.dialect.plan_passes",
+)
 ENTRY_POINT_GROUP = "topos.passes"  # third-party packages register passes here
 
 
@@ -230,7 +232,7 @@ def run_pipeline(
         if isinstance(pipeline, str):
             elements = split_pipeline(pipeline)
         else:
-            elements = [(e, 0) for text in pipeline for e, _ in split_pipeline(text)]
+            elements = [element for text in pipeline for element in split_pipeline(text)]
         for element, offset in elements:
             _run_element(module, element, offset)
             if verify_each:

@@ -2,14 +2,20 @@
 
 The graph is Plate 1 of the vision: an input [1, 2] times a parameter
 [2, 2], then tanh, square, sum. Each stage below is a different reading of
-the same sealed spec, and each one is checked against the oracle.
+the same sealed spec, and each one is checked against the oracle:
+
+  1. the spec (describe)           5. the plan (schedule, liveness, fusions)
+  2. the oracle                    6. the topos MLIR module and its annotations
+  3. gradients, two readings       7. StableHLO
+  4. training by hand              8. IREE: the plan and a whole training step compiled
 
 Run: python examples/walkthrough.py
 """
 
 import numpy as np
 
-from topos import Tape
+import topos
+from topos import Numerics, Tape
 
 
 def banner(title: str) -> None:
@@ -24,16 +30,19 @@ def plate(tape):
     loss = (h * h).sum()
     # The gradient is more graph: the same derivative rules, appended as nodes.
     adjoints = tape.differentiate(loss, [w])
-    return w, x, loss, adjoints
+    # An optimizer step in the graph, so one compiled function trains.
+    updates = topos.sgd(tape, adjoints, 0.1)
+    return w, x, loss, adjoints, updates
 
 
-network, (w, x, loss, adjoints) = Tape.record(plate)
+network, (w, x, loss, adjoints, updates) = Tape.record(plate)
 forward_nodes = adjoints.target.index + 1
 
 banner("the spec (describe)")
 print(network.describe())
 print(f"nodes 0..{forward_nodes - 1} are the forward graph; "
-      f"{len(network) - forward_nodes} more were appended by differentiate: the chain rule as nodes")
+      f"nodes {forward_nodes}..{adjoints[w].index} were appended by differentiate (the chain rule "
+      f"as nodes), and the rest by sgd (w - 0.1 * gradient)")
 
 # 2. Run the oracle. Parameters are the caller's state; the network never changes.
 banner("the oracle")
@@ -66,3 +75,39 @@ assert np.array_equal(by_scan[w], by_record[w])
 final = network.forward(by_scan, {x: sample})[loss]
 assert final < run[loss], "training should reduce the loss"
 print("both routes reach the same parameters, bit for bit:", by_scan[w].tolist())
+
+# 5. Plan: a derived schedule of what to run, keep and free. It holds no state.
+banner("the plan (exact posture)")
+plan = network.entry(adjoints.roots(), numerics=Numerics.EXACT).lower()
+print(plan.describe())
+for group in plan.fusions():
+    print(f"fusion offer taken: {group.kind} rooted at %{group.root}, nodes {list(group.nodes)}: {group.reason}")
+planned = plan.forward(parameters, {x: sample})
+oracle = network.forward(parameters, {x: sample})
+assert np.array_equal(planned[loss], oracle[loss]) and np.array_equal(planned[adjoints[w]], oracle[adjoints[w]])
+print("exact plan == oracle, bit for bit")
+
+# 6. The same plan as a module of the topos dialect (one op per node, with its recording line).
+banner("the topos MLIR module")
+print(plan.emit_mlir(debug_info=False))
+
+# 7. Python passes lower it to StableHLO.
+banner("StableHLO")
+print(plan.emit_stablehlo())
+
+# 8. IREE compiles the StableHLO; results are checked against the oracle within the envelope.
+banner("IREE (llvm-cpu)")
+compiled = plan.compile("llvm-cpu")
+print(compiled.describe())
+fast = compiled.forward(parameters, {x: sample})
+assert np.allclose(fast[loss], oracle[loss], rtol=1e-5) and np.allclose(fast[adjoints[w]], oracle[adjoints[w]], rtol=1e-5)
+print("compiled plan agrees with the oracle:", float(fast[loss]), "vs", float(oracle[loss]))
+
+step_plan = network.entry(updates.roots(loss)).lower()
+trainer = step_plan.compile("llvm-cpu")
+state = trainer.resident(parameters)  # parameters stay on the device between steps
+for step in range(5):
+    state, step_run = trainer.step(state, {x: sample}, updates)
+on_device = state.to_host()[w]
+assert np.allclose(on_device, by_scan[w], rtol=1e-5, atol=1e-6)
+print("5 compiled training steps (one IREE call each) match the oracle's 5 steps:", on_device.tolist())

@@ -129,6 +129,8 @@ def _batch_mean(view: StructureView, n: int, batch: int) -> tuple[int, int] | No
     total, count = view.operands(n)
     if view.opcode(total) != "sum_along" or view.attributes(total)["axis"] != 0:
         return None
+    # A divisor that is not exactly the batch (N - 1, or a batch that
+    # bfloat16 cannot hold) spells another statistic than batch norm's.
     if _uniform_leaf(view, count) != batch:
         return None
     return total, view.operands(total)[0]
@@ -144,6 +146,8 @@ def _closed_with_results(view: StructureView, root: int, interior, named) -> boo
 
 
 class _RaiseOnly(Pattern):
+    """A pattern the NumPy plan never runs: discovery only, served by the MLIR emission."""
+
     executes = False
     # No home executor, so nothing to be bit-identical; the emission's
     # stablehlo op computes the statistics its own way (fast posture).
@@ -168,6 +172,8 @@ class _RaiseOnly(Pattern):
 
 
 class BatchNormTraining(_RaiseOnly):
+    """Batch norm with batch statistics (output, mean, variance), offered for the emission to raise."""
+
     kind = "batch_norm_training"
 
     def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:
@@ -204,6 +210,8 @@ class BatchNormTraining(_RaiseOnly):
 
 
 class BatchNormInference(_RaiseOnly):
+    """Batch norm with supplied statistics, offered for the emission to raise."""
+
     kind = "batch_norm_inference"
 
     def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:

@@ -73,6 +73,8 @@ def match_windows(view: StructureView, n: int) -> Windows | None:
 
 
 class Convolution(Pattern):
+    """A conv2d recording (pads through the matmul) run as one kernel that never builds the im2col matrix."""
+
     kind = "convolution"
     bit_identical = True
 
@@ -132,16 +134,18 @@ class Convolution(Pattern):
         """Walk back over zero pads of height/width that only the chain reads."""
         padding = {2: (0, 0), 3: (0, 0)}
         pads: list[int] = []
+        absorbed: set[int] = set()  # axes already padded: a second pad stays outside
         source = windows.source
         while view.opcode(source) == "pad":
             attributes = view.attributes(source)
             axis = attributes["axis"]
-            if axis not in padding or padding[axis] != (0, 0) or not view.interior_ok(source):
+            if axis not in padding or axis in absorbed or not view.interior_ok(source):
                 break  # a pad someone else reads (or declared) is the convolution's input
             operand = view.operands(source)[0]
             before = attributes["start"]
             after = attributes["extent"] - before - view.spec(operand).shape[axis]
             padding[axis] = (before, after)
+            absorbed.add(axis)
             pads.append(source)
             source = operand
         return source, tuple(pads), (padding[2], padding[3])

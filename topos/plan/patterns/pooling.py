@@ -32,6 +32,8 @@ LANE_ORDER = (0, 1, 2, 4, 3, 5)
 
 
 class MaxPool(Pattern):
+    """A max_pool recording (the lane fold of maximum) run as one walk over the input's windows."""
+
     kind = "max_pool"
     bit_identical = True
 

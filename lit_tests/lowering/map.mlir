@@ -1,0 +1,54 @@
+// RUN: %topos-opt %s --split-input-file --topos-lower-to-stablehlo | filecheck %s
+
+// Each map function is one StableHLO op; erf is chlo.erf, which IREE's input pipeline legalizes.
+// CHECK-LABEL: func.func @functions
+// CHECK-NEXT:    %[[EXP:.+]] = stablehlo.exponential %arg0 : tensor<3xf32>
+// CHECK-NEXT:    %[[LOG:.+]] = stablehlo.log %[[EXP]] : tensor<3xf32>
+// CHECK-NEXT:    %[[SQRT:.+]] = stablehlo.sqrt %[[LOG]] : tensor<3xf32>
+// CHECK-NEXT:    %[[TANH:.+]] = stablehlo.tanh %[[SQRT]] : tensor<3xf32>
+// CHECK-NEXT:    %[[SIN:.+]] = stablehlo.sine %[[TANH]] : tensor<3xf32>
+// CHECK-NEXT:    %[[COS:.+]] = stablehlo.cosine %[[SIN]] : tensor<3xf32>
+// CHECK-NEXT:    %[[LOG1P:.+]] = stablehlo.log_plus_one %[[COS]] : tensor<3xf32>
+// CHECK-NEXT:    %[[EXPM1:.+]] = stablehlo.exponential_minus_one %[[LOG1P]] : tensor<3xf32>
+// CHECK-NEXT:    %[[ERF:.+]] = chlo.erf %[[EXPM1]] : tensor<3xf32> -> tensor<3xf32>
+// CHECK-NEXT:    return %[[ERF]]
+func.func @functions(%arg0: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = "topos.map"(%arg0) {function = "exp", node = 1 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %1 = "topos.map"(%0) {function = "log", node = 2 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %2 = "topos.map"(%1) {function = "sqrt", node = 3 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %3 = "topos.map"(%2) {function = "tanh", node = 4 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %4 = "topos.map"(%3) {function = "sin", node = 5 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %5 = "topos.map"(%4) {function = "cos", node = 6 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %6 = "topos.map"(%5) {function = "log1p", node = 7 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %7 = "topos.map"(%6) {function = "expm1", node = 8 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  %8 = "topos.map"(%7) {function = "erf", node = 9 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  return %8 : tensor<3xf32>
+}
+
+// -----
+
+// erf_derivative is 2/sqrt(pi) * exp(-(x * x)).
+// CHECK-LABEL: func.func @erf_derivative
+// CHECK-NEXT:    %[[SQUARE:.+]] = stablehlo.multiply %arg0, %arg0 : tensor<3xf64>
+// CHECK-NEXT:    %[[NEG:.+]] = stablehlo.negate %[[SQUARE]] : tensor<3xf64>
+// CHECK-NEXT:    %[[BELL:.+]] = stablehlo.exponential %[[NEG]] : tensor<3xf64>
+// CHECK-NEXT:    %[[SCALE:.+]] = stablehlo.constant dense<1.1283791670955126> : tensor<3xf64>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.multiply %[[SCALE]], %[[BELL]] : tensor<3xf64>
+// CHECK-NEXT:    return %[[R]]
+func.func @erf_derivative(%arg0: tensor<3xf64>) -> tensor<3xf64> {
+  %0 = "topos.map"(%arg0) {function = "erf_derivative", node = 1 : i64} : (tensor<3xf64>) -> tensor<3xf64>
+  return %0 : tensor<3xf64>
+}
+
+// -----
+
+// bfloat16 functions compute in float32 and round once.
+// CHECK-LABEL: func.func @tanh_bf16
+// CHECK-NEXT:    %[[WIDE:.+]] = stablehlo.convert %arg0 : (tensor<2xbf16>) -> tensor<2xf32>
+// CHECK-NEXT:    %[[TANH:.+]] = stablehlo.tanh %[[WIDE]] : tensor<2xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[TANH]] : (tensor<2xf32>) -> tensor<2xbf16>
+// CHECK-NEXT:    return %[[R]]
+func.func @tanh_bf16(%arg0: tensor<2xbf16>) -> tensor<2xbf16> {
+  %0 = "topos.map"(%arg0) {function = "tanh", node = 1 : i64} : (tensor<2xbf16>) -> tensor<2xbf16>
+  return %0 : tensor<2xbf16>
+}
