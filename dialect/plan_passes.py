@@ -5,8 +5,9 @@ core (``Entry``/``Plan``, the fusion catalog, ``differentiate``) and write
 the answer as discardable ``topos.*`` attributes — so the IR shows exactly
 what the NumPy plan would do, and nothing is decided twice.
 
-* ``topos-plan``: liveness (``topos.kept`` or ``topos.freed_after = N``)
-  and the live-byte summary on the function.
+* ``topos-plan``: liveness (``topos.kept``, ``topos.freed_after = N`` or
+  ``topos.fused_into = N`` for a group's interior, as the exact-posture
+  NumPy plan runs it) and the live-byte summary on the function.
 * ``topos-fuse``: every fusion offer the catalog finds, as data on the
   function (``topos.offers``) and on each claimed op (``topos.offered``).
 * ``topos-elect``: the emission consumer's election (first wins, no node
@@ -80,8 +81,11 @@ def plan_pass(module) -> None:
     readable = set(plan.entry._readable)
     for position, op in enumerate(ops):
         attributes = op.operation.attributes
+        group = plan._group_of.get(position)
         if position in readable:
             attributes["topos.kept"] = ir.UnitAttr.get()
+        elif group is not None and group.root != position:
+            attributes["topos.fused_into"] = _i64(originals[group.root])
         elif position in plan._last_reader:
             attributes["topos.freed_after"] = _i64(originals[plan._last_reader[position]])
     peak, at = plan.peak()
@@ -117,7 +121,7 @@ def fuse_pass(module) -> None:
 @register_pass("topos-elect", "Elect the fusion offers emission can serve (first wins, no node twice)")
 def elect_pass(module, *, kinds: str = ",".join(RAISABLE)) -> None:
     """Mark elected groups: topos.fusion_group on every claimed op, topos.fusion_kind on the root."""
-    if "topos.offers" not in _topos_ops(module)[0].attributes:
+    if "topos.offers" not in list(_topos_ops(module)[0].attributes):
         raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")
     from topos.plan import elect
 

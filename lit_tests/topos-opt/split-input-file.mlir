@@ -14,7 +14,7 @@
 // CHECK-NOT:   @third
 
 // Errors keep their line numbers in the whole file.
-// ERR: split-input-file.mlir:38:8: error: 'topos.neg' op node 1: result type tensor<3xf32> differs from tensor<2xf32>
+// ERR: split-input-file.mlir:32:8: error: 'topos.neg' op node 1: result type tensor<3xf32> differs from tensor<2xf32>
 
 // Without splitting, the functions all define node 0 and 1.
 // WHOLE: error: 'topos.parameter' op node 0: node index 0 is already used by topos.parameter

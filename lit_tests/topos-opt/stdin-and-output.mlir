@@ -3,7 +3,7 @@
 // RUN: %topos-opt < %s | filecheck %s
 // RUN: %topos-opt %s -o %t.out
 // RUN: filecheck %s --input-file %t.out
-// RUN: not %topos-opt - --mlir-print-debuginfo < %S/Inputs-bad-operand.txt 2>&1 | filecheck %s --check-prefix=STDIN
+// RUN: not %topos-opt - --mlir-print-debuginfo < %inputs/bad-operand.mlir 2>&1 | filecheck %s --check-prefix=STDIN
 
 // CHECK: "topos.parameter"(%arg0) {node = 0 : i64}
 // STDIN: <stdin>:3:8: error: 'topos.neg' op node 1: expects 1 operand (input), got 2

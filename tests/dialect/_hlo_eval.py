@@ -328,6 +328,7 @@ CASES: tuple[Case, ...] = (
     Case("broadcast_scalar", "broadcast", lambda t, d: t.input(data(d, (), "b")).broadcast((4,))),
     Case("broadcast_along", "broadcast_along",
          lambda t, d: t.input(data(d, (2, 3), "ba")).broadcast_along(1, 4)),
+    Case("broadcast_to_rank0", "broadcast", lambda t, d: t.input(data(d, (1,), "b")).broadcast(())),
     Case("reshape", "reshape", lambda t, d: t.input(data(d, (2, 3, 4), "r")).reshape((6, 4))),
     Case("reshape_rank0", "reshape", lambda t, d: t.input(data(d, (1, 1), "r")).reshape(())),
     Case("permute", "permute", lambda t, d: t.input(data(d, (2, 3, 4), "pm")).permute((2, 0, 1))),
@@ -340,10 +341,16 @@ CASES: tuple[Case, ...] = (
          lambda t, d: t.input(data(d, (2, 6, 3, 2), "f")).fold(1, size=3, step=1, dilation=1, extent=8)),
     Case("fold_strided", "fold",
          lambda t, d: t.input(data(d, (4, 2), "f")).fold(0, size=2, step=3, dilation=2, extent=12)),
+    Case("fold_rank4", "fold",
+         lambda t, d: t.input(data(d, (2, 3, 2, 5), "f")).fold(1, size=2, step=1, dilation=2, extent=5)),
     Case("gather", "gather", lambda t, d: t.input(with_specials(d, (5, 3), "g")).gather(
         _selection([[0, 4, 4], [2, 0, 1]], 5, fed=False)(t))),
     Case("gather_vector_table", "gather",
          lambda t, d: t.input(data(d, (5,), "g")).gather(_selection([3, 3, 1, 0], 5)(t))),
+    Case("gather_rank0_selection", "gather",
+         lambda t, d: t.input(data(d, (5, 3), "g")).gather(_selection(3, 5)(t))),
+    Case("scatter_rank0_selection", "scatter",
+         lambda t, d: t.input(data(d, (3,), "sc")).scatter(_selection(3, 5)(t))),
     Case("scatter_repeated", "scatter", lambda t, d: t.input(data(d, (6, 3), "sc")).scatter(
         _selection([1, 3, 1, 0, 1, 3], 5)(t))),
     Case("scatter_rank2_selection", "scatter", lambda t, d: t.input(data(d, (2, 3), "sc")).scatter(
@@ -355,6 +362,8 @@ CASES: tuple[Case, ...] = (
     Case("log_softmax_nonfinite", "log_softmax", lambda t, d: t.input(np.array(
         [[-np.inf, -np.inf], [np.inf, 1.0], [-np.inf, 2.0], [300.0, -300.0]], dtype=d)).log_softmax(1),
         "stable", 1.0),
+    Case("log_softmax_rank1", "log_softmax",
+         lambda t, d: t.input(data(d, (7,), "ls", -8.0, 8.0)).log_softmax(0), "stable", 1.0),
     Case("logsumexp", "logsumexp",
          lambda t, d: t.input(data(d, (4, 6), "lse", -8.0, 8.0)).logsumexp(1), "stable", 1.0),
     Case("logsumexp_nonfinite", "logsumexp", lambda t, d: t.input(np.array(

@@ -164,19 +164,27 @@ class Convolution(Pattern):
         sh, sw = details["stride"]
         dh, dw = details["dilation"]
         _, filters, oh, ow = details["out_shape"]
-        # Accumulate filter-major ([F, B, OH, OW]) so each multiply-add runs over
-        # contiguous output rows; the layout changes nothing but speed.
+        # The accumulator's layout changes nothing but speed: NumPy is fastest
+        # when the innermost loop is long, so filters go last when there are
+        # at least as many filters as output columns ([B, OH, OW, F]), first
+        # otherwise ([F, B, OH, OW]).
+        filters_last = filters >= ow
         out = product_buffer = None
         for k, (c, i, j) in enumerate(product(range(channels), range(kh), range(kw))):
             rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
             columns = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
-            slab = padded[None, :, c, rows, columns]  # column k of the im2col matrix, as [1, B, OH, OW]
-            weights = kernel[k][:, None, None, None]
+            slab = padded[:, c, rows, columns]  # column k of the im2col matrix, as [B, OH, OW]
+            if filters_last:
+                slab, weights = slab[..., None], kernel[k]
+            else:
+                slab, weights = slab[None], kernel[k][:, None, None, None]
             if out is None:
                 out = slab * weights
                 product_buffer = np.empty_like(out)
             else:
                 np.multiply(slab, weights, out=product_buffer)
                 np.add(out, product_buffer, out=out)
-        result = np.ascontiguousarray(out.transpose(1, 2, 3, 0)).reshape(batch * oh * ow, filters)
+        if not filters_last:
+            out = np.ascontiguousarray(out.transpose(1, 2, 3, 0))
+        result = out.reshape(batch * oh * ow, filters)
         return round_to(result, dtype)
