@@ -17,7 +17,21 @@ from .parse import parse_module, parse_spec
 from .passes import PassFailure, register_pass, registered_passes, run_pipeline
 
 __all__ = [
-    "Diagnostic", "DialectError", "OP_CLASSES", "PassFailure", "ToposOp", "VerificationError",
-    "configure", "emit_module", "emit_text", "new_context", "op_class", "parse_module", "parse_spec",
-    "register_pass", "registered_passes", "run_pipeline", "verify_module",
+    "OP_CLASSES",
+    "Diagnostic",
+    "DialectError",
+    "PassFailure",
+    "ToposOp",
+    "VerificationError",
+    "configure",
+    "emit_module",
+    "emit_text",
+    "new_context",
+    "op_class",
+    "parse_module",
+    "parse_spec",
+    "register_pass",
+    "registered_passes",
+    "run_pipeline",
+    "verify_module",
 ]

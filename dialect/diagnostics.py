@@ -9,8 +9,8 @@ points back to the Python line that recorded the node.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from iree.compiler import ir
 
@@ -27,15 +27,15 @@ class Diagnostic:
     severity: str
     message: str
     location: ir.Location | None = None
-    notes: tuple["Diagnostic", ...] = ()
+    notes: tuple[Diagnostic, ...] = ()
 
     @classmethod
-    def error(cls, message: str, where: "ir.Location | ir.Operation | ir.OpView | None" = None):
+    def error(cls, message: str, where: ir.Location | ir.Operation | ir.OpView | None = None):
         """An error at an op's location (or at a location, or nowhere)."""
         return cls("error", message, _location_of(where))
 
     @classmethod
-    def from_mlir(cls, info) -> "Diagnostic":
+    def from_mlir(cls, info) -> Diagnostic:
         """Convert the bindings' ``DiagnosticInfo`` (from an ``MLIRError``)."""
         severity = str(info.severity).rsplit(".", 1)[-1].lower()
         return cls(
@@ -61,7 +61,7 @@ class DialectError(ToposError):
         super().__init__("\n".join(str(d) for d in self.diagnostics))
 
     @classmethod
-    def from_mlir(cls, error: ir.MLIRError, fallback: str = "") -> "DialectError":
+    def from_mlir(cls, error: ir.MLIRError, fallback: str = "") -> DialectError:
         found = [Diagnostic.from_mlir(d) for d in error.error_diagnostics]
         return cls(found or [Diagnostic("error", fallback or str(error))])
 
@@ -127,7 +127,7 @@ def name_of(location: ir.Location) -> str | None:
 
 
 def format_diagnostic(
-    diagnostic: Diagnostic, sources: "dict[str, str] | None" = None, rename: "dict[str, str] | None" = None
+    diagnostic: Diagnostic, sources: dict[str, str] | None = None, rename: dict[str, str] | None = None
 ) -> str:
     """``file:line:col: severity: message`` as mlir-opt prints it.
 

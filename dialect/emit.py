@@ -10,7 +10,7 @@ of ``network.describe()`` and back (``dialect/parse.py``).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from iree.compiler import ir
 from iree.compiler.dialects import func

@@ -25,15 +25,16 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
   bits, so rounding through it gives the same bits.
 * ``fold`` adds the windows lane by lane onto zeros (each lane a strided
   ``pad``), the reference's order, so its bits match the reference
-  exactly. A 0/1 ``dot_general`` would turn an
-  infinity into NaN (``inf * 0``) and leave the order to the backend.
+  exactly. A 0/1 ``dot_general`` would turn an infinity into NaN
+  (``inf * 0``) and leave the order to the backend.
 * ``gather`` is ``stablehlo.gather``: a copy, exact for every value.
 * ``scatter`` is a ``stablehlo.while`` over positions in ascending order,
   each adding one row into its target: the reference's accumulation order,
   so repeated indices give the reference's bits on any backend.
   ``stablehlo.scatter`` leaves the order of colliding updates unspecified
   and a one-hot ``dot_general`` both reorders and turns ``inf * 0`` into
-  NaN; a faster parallel form belongs to the fast posture, labeled.
+  NaN. The price is one loop trip per selected row; a faster parallel
+  form belongs to the fast posture, as a labeled option.
 * ``unfold`` is one strided ``slice`` per lane, concatenated: a copy.
 * ``erf`` is ``chlo.erf``, which IREE's StableHLO input pipeline
   legalizes for float32 and float64; ``erf_derivative`` is decomposed as
@@ -45,8 +46,8 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from iree.compiler import ir
 
@@ -61,7 +62,7 @@ class LoweringError(DialectError):
     """The lowering could not translate a topos op (unknown opcode or a malformed op)."""
 
     @classmethod
-    def at(cls, message: str, location: ir.Location | None = None) -> "LoweringError":
+    def at(cls, message: str, location: ir.Location | None = None) -> LoweringError:
         return cls([Diagnostic.error(message, location)])
 
     @property

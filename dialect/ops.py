@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 from iree.compiler import ir
 from iree.compiler._mlir_libs import _mlir as _cext
 
-from topos.element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, short_name
+from topos.element import (
+    ELEMENTS,
+    Selection,
+    SelectionType,
+    bfloat16,
+    float32,
+    float64,
+    short_name,
+)
 from topos.errors import ShapeError
 from topos.opcodes import MAP_FUNCTIONS, OPCODES, Opcode, Refusal, Spec, by_name
 
@@ -411,7 +420,7 @@ class ToposOp(ir.OpView):
 
     def diagnostic(self, problem: str) -> Diagnostic:
         """An error at this op's location that names the op and its node index."""
-        attribute = self.operation.attributes[NODE] if NODE in self.operation.attributes else None
+        attribute = self.operation.attributes.get(NODE, None)
         node = f"node {attribute.value}" if _is_i64(attribute) else "node ?"
         return Diagnostic.error(f"'{self.OPERATION_NAME}' op {node}: {problem}", self.operation)
 
@@ -493,7 +502,7 @@ class _SourceOp(ToposOp):
     """Shared rules of leaf, parameter and input: no shape rule, the type is the payload's."""
 
     def _own_extent(self) -> int | None:
-        attribute = self.operation.attributes["extent"] if "extent" in self.operation.attributes else None
+        attribute = self.operation.attributes.get("extent", None)
         return attribute.value if _is_i64(attribute) else None
 
     def _type_problems(self, operation: ir.Operation) -> Iterator[str]:

@@ -19,8 +19,8 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .diagnostics import Diagnostic, DialectError, format_diagnostic
 
@@ -113,11 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
+    except SystemExit as exit:  # argparse's verdict on the command line
+        return exit.code if isinstance(exit.code, int) else EXIT_FAILURE
     except BrokenPipeError:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
-    except Exception as error:  # a bug in topos-opt or a pass, never bad input
+    except Exception as error:  # noqa: BLE001  (a bug in topos-opt or a pass: report it, no traceback)
         sys.stderr.write(f"topos-opt: internal error: {type(error).__name__}: {error}\n")
         if os.environ.get(TRACEBACK_VARIABLE):
             traceback.print_exc()

@@ -66,7 +66,7 @@ def _parse_several(text: str, source_name: str):
 
 
 def parse_spec(
-    source: "str | ir.Module", *, context: ir.Context | None = None
+    source: str | ir.Module, *, context: ir.Context | None = None
 ) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
     """Rebuild ``(network, roots, observes)`` from topos IR (text or a parsed module)."""
     module = parse_module(source, context=context) if isinstance(source, str) else source
@@ -83,9 +83,8 @@ def _main_function(module: ir.Module):
     named = [f for f in functions if ir.StringAttr(f.attributes["sym_name"]).value == FUNCTION_NAME]
     chosen = named or functions
     if len(chosen) != 1:
-        raise DialectError(
-            [Diagnostic.error(f"expected one func.func @{FUNCTION_NAME} holding the spec, found {len(functions)} functions", module.operation)]
-        )
+        message = f"expected one func.func @{FUNCTION_NAME} holding the spec, found {len(functions)} functions"
+        raise DialectError([Diagnostic.error(message, module.operation)])
     return chosen[0]
 
 
@@ -145,7 +144,15 @@ def _record(tape: Tape, view: ToposOp, recorded: dict):
         else:
             default = np.zeros(spec.shape, dtype=spec.dtype)
         return tape.parameter(default) if name == "parameter" else tape.input(default)
-    operands = [recorded[v] for v in view.operation.operands]
+    operands = []
+    for position, value in enumerate(view.operation.operands):
+        if value not in recorded:
+            message = (
+                f"'{view.operation.name}' op node {view.node}: operand #{position} is not the result "
+                "of an earlier topos op, so it names no node of the spec"
+            )
+            raise DialectError([Diagnostic.error(message, view)])
+        operands.append(recorded[value])
     return view.opcode.express(operands, view.opcode_attributes())
 
 

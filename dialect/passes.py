@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from iree.compiler import ir, passmanager
 
@@ -33,7 +33,7 @@ class PassFailure(DialectError):
     """A pass could not do its job; ``diagnostics`` point at the ops responsible."""
 
     @classmethod
-    def at(cls, where, message: str) -> "PassFailure":
+    def at(cls, where, message: str) -> PassFailure:
         """One error at an op (or a location)."""
         return cls([Diagnostic.error(message, where)])
 
@@ -195,21 +195,18 @@ def parse_options(element: str, offset: int = 0) -> tuple[str, dict[str, str]]:
 
 
 def _pipeline_error(pipeline: str, offset: int, message: str) -> DialectError:
-    with _some_context():
-        location = ir.Location.file(PIPELINE_PARSER, 1, offset + 1)
+    # A diagnostic about the pipeline text points into it, as MLIR's own
+    # pipeline parser does; any context can hold that location.
+    context = _current_context() or ir.Context()
+    location = ir.Location.file(PIPELINE_PARSER, 1, offset + 1, context=context)
     return PassFailure([Diagnostic("error", message, location)])
 
 
-def _some_context():
-    return ir.Context.current if _has_current_context() else ir.Context()
-
-
-def _has_current_context() -> bool:
+def _current_context() -> ir.Context | None:
     try:
-        ir.Context.current
+        return ir.Context.current
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def run_pipeline(

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (lit defines `config` before it runs this file)
 # lit configuration for the topos tools: run with `lit lit_tests` (or `make test`,
 # through tests/test_lit.py). Tests use the Python `filecheck` and lit's
 # internal shell, so they run the same on every machine.

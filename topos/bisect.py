@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .element import is_element, short_name
@@ -62,9 +62,9 @@ class NodeCheck:
 
     index: int
     local_ok: bool
-    local_worst: Any  # as the envelope table measures it (ulps for the stand-in table)
-    local_detail: str
-    global_worst: float  # ulps of |oracle| (inf where a NaN or inf replaced a number)
+    local_worst: Any  # in the unit of topos.dialect.conformance (see its Deviation)
+    local_detail: str  # empty when ok
+    global_worst: float  # representable numbers between compiled and oracle (inf: NaN for a number)
     global_detail: str
 
 
@@ -87,15 +87,15 @@ class Divergence:
             "first node outside its envelope:",
             self.line,
             f"  recorded at {self.site}",
-            "  inputs (as compiled):",
+            "  inputs (as compiled; sources as fed or recorded):",
         ]
         lines += [f"    {operand}" for operand in self.operands] or ["    (none)"]
         lines += [
             f"  envelope:     {self.envelope}",
             f"  local error:  {self.local_detail}",
-            f"                (compiled value vs the reference kernel on the compiled inputs)",
+            "                (compiled value vs the reference kernel on the compiled inputs)",
             f"  global error: {self.global_detail}",
-            f"                (compiled value vs the oracle)",
+            "                (compiled value vs the oracle)",
         ]
         return "\n".join(lines)
 
@@ -108,7 +108,6 @@ class BisectReport:
     checks: tuple[NodeCheck, ...]  # recording order
     first: Divergence | None
     roots: tuple[int, ...]
-    envelopes_from: str  # which envelope table judged the nodes
 
     @property
     def ok(self) -> bool:
@@ -150,10 +149,10 @@ class BisectReport:
             if check is not None:
                 lines.append(f"  root %{root} vs the oracle: {check.global_detail}")
         worst = self.worst_global()
-        if worst is not None and worst.index not in self.roots:
+        if worst is not None and worst.global_worst > 0 and worst.index not in self.roots and (
+                self.first is None or worst.index != self.first.index):
             lines.append(f"  furthest from the oracle: %{worst.index}, {worst.global_detail}")
         lines.append(f"  {self.summary()}")
-        lines.append(f"  envelopes: {self.envelopes_from}")
         return "\n".join(lines)
 
 
@@ -175,8 +174,11 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     ``rewrite`` (StableHLO text -> text) runs before IREE compiles: the way
     to inject a fault on purpose, or to try a hand-edited lowering.
     """
+    from .dialect import conformance
+    from .dialect.targets import target as find_target
     from .plan import Numerics
 
+    target = find_target(target).name  # the canonical name (cpu -> llvm-cpu) keys the envelope table
     network = entry.network
     closure = sorted(entry.closure())
     checked = [i for i in closure if not network._opcodes[i].is_source and is_element(network._specs[i].dtype)]
@@ -185,63 +187,62 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     oracle_entry = network.entry(list(entry.roots), observe=[network.symbol(i) for i in closure],
                                  numerics=Numerics.EXACT)
     run = _compile(compiled_entry.lower(), target, rewrite).forward(parameters, feeds)
-    oracle = oracle_entry.interpret(parameters, feeds)
-    conformance, envelopes_from = _conformance()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the oracle's NaNs are data, not news
+        oracle = oracle_entry.interpret(parameters, feeds)
 
-    compiled: dict[int, np.ndarray] = {}
+    values = {i: np.asarray(run[network.symbol(i)]) for i in checked}
+    sources = {i: oracle[network.symbol(i)] for i in closure if network._opcodes[i].is_source}
 
-    def value(i: int) -> np.ndarray:
-        """The value node ``i`` had in the compiled run (sources are the arguments the run was given)."""
-        if i not in compiled:
-            symbol = network.symbol(i)
-            compiled[i] = np.asarray(run[symbol] if i in checked else oracle[symbol])
-        return compiled[i]
-
+    # The conformance table judges each node against the reference kernel on its compiled
+    # operands (sources: what was fed), with its allowances (fused multiply-adds, flushed
+    # subnormals); bisect adds the order, the blame and the report.
+    judged = {r.index: r.deviation for r in conformance.check_values(network, values, sources, target)}
     checks: list[NodeCheck] = []
     first: Divergence | None = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for i in checked:
-            name, attributes = network._opcodes[i].name, dict(network._attributes[i])
-            operands = network._operands[i]
-            here = value(i)
-            local = conformance.deviation(name, attributes, here, [value(j) for j in operands])
-            whole = _global_error(here, oracle[network.symbol(i)])
-            checks.append(NodeCheck(i, bool(local[0]), local[1], local[2], *whole))
-            if first is None and not local[0]:
-                first = _divergence(network, i, [value(j) for j in operands], conformance, local, whole)
+    for i in checked:
+        local = judged[i]
+        whole = _global_error(values[i], oracle[network.symbol(i)], conformance.ulp_distance)
+        checks.append(NodeCheck(i, bool(local.ok), local.worst, local.detail, *whole))
+        if first is None and not local.ok:
+            function = dict(network._attributes[i]).get("function")
+            chosen = conformance.envelope(network._opcodes[i].name, function, network._specs[i].dtype,
+                                          target=target)
+            inputs = [values[j] if j in values else sources[j] for j in network._operands[i]]
+            first = _divergence(network, i, inputs, _describe_envelope(network._opcodes[i].name, chosen),
+                                local, whole)
     roots = tuple(dict.fromkeys(s.index for s in entry.roots))
-    return BisectReport(target, tuple(checks), first, roots, envelopes_from)
+    return BisectReport(target, tuple(checks), first, roots)
 
 
-def _divergence(network, i, operand_values, conformance, local, whole) -> Divergence:
+def _divergence(network, i, operand_values, envelope: str, local, whole) -> Divergence:
     attributes = dict(network._attributes[i])
-    spec = network._specs[i]
     line = describe_line(i, network._opcodes[i], network._operands[i], tuple(attributes.items()),
-                         spec, network._payloads.get(i))
-    envelope = conformance.envelope(network._opcodes[i].name, attributes.get("function"), spec.dtype)
+                         network._specs[i], network._payloads.get(i))
     operands = tuple(_summarize(network, j, v) for j, v in zip(network._operands[i], operand_values))
-    return Divergence(i, line, network._sites[i], operands, str(envelope), local[1], local[2], *whole)
+    return Divergence(i, line, network._sites[i], operands, envelope, local.worst, local.detail, *whole)
 
 
-def _global_error(got, want) -> tuple[float, str]:
-    """(worst error in ulps of |oracle|, a sentence saying where) for a compiled value against the oracle."""
-    g, w = np.asarray(got).astype(np.float64), np.asarray(want).astype(np.float64)
-    if g.shape != w.shape:
-        return float("inf"), f"shape {list(g.shape)} where the oracle has {list(w.shape)}"
-    info = ml_dtypes.finfo(np.asarray(want).dtype)
-    with np.errstate(all="ignore"):
-        same = (np.isnan(g) & np.isnan(w)) | ((g == w) & (np.signbit(g) == np.signbit(w)))
-        units = np.abs(g - w) / (float(info.eps) * np.maximum(np.abs(w), float(info.tiny)))
-    units = np.where(same, 0.0, np.where(np.isnan(units), np.inf, units))
-    differing = int((~same).sum())
+def _global_error(got, want, ulp_distance) -> tuple[float, str]:
+    """(worst distance in ulps, a sentence saying where) for a compiled value against the oracle."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return float("inf"), (f"{list(got.shape)} {got.dtype} where the oracle has "
+                              f"{list(want.shape)} {want.dtype}")
+    distance = np.asarray(ulp_distance(got, want), dtype=np.float64)
+    differing = int(np.count_nonzero(distance))
     if differing == 0:
         return 0.0, "bitwise equal"
-    at = np.unravel_index(int(np.argmax(units)), units.shape) if units.ndim else ()
-    where = tuple(int(k) for k in at)
-    return float(units[at]), (f"{differing} of {same.size} elements differ; worst {float(units[at]):.3g} ulps "
-                              f"at {where if where else 'the scalar'}: compiled {_number(g[at])}, "
-                              f"oracle {_number(w[at])}")
+    at = np.unravel_index(int(np.argmax(distance)), distance.shape) if distance.ndim else ()
+    g, w = float(got[at]), float(want[at])
+    relative = ""
+    if np.isfinite(g) and np.isfinite(w) and w != 0:
+        relative = f" (relative {abs(g - w) / abs(w):.2g})"
+    where = tuple(int(k) for k in at) or "the scalar"
+    # str of an element-typed scalar is its shortest round-trip spelling: equal text means equal bits
+    return float(distance[at]), (f"{differing} of {distance.size} elements differ; worst "
+                                 f"{float(distance[at]):.3g} ulps{relative} at {where}: "
+                                 f"compiled {got[at]!s}, oracle {want[at]!s}")
 
 
 def _summarize(network, j: int, array: np.ndarray) -> OperandSummary:
@@ -282,129 +283,26 @@ def _compile(plan, target_name: str, rewrite):
     return CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, timings, hit)
 
 
-# ---- envelopes ---------------------------------------------------------------------------------
+# ---- envelopes (topos.dialect.conformance owns the table) --------------------------------------
 
 
-def _conformance():
-    """The dialect's IREE envelope table, or this module's stand-in while that table does not exist."""
-    import importlib
-
-    try:
-        conformance = importlib.import_module("topos.dialect.conformance")
-    except ModuleNotFoundError as error:
-        if error.name != "topos.dialect.conformance":
-            raise
-        return _Fallback, "bisect's stand-in table (topos.dialect.conformance not found)"
-    return conformance, "topos.dialect.conformance"
+_YARDSTICKS = {
+    "log_softmax": "n x (|x - max| + log S + 1)",
+    "logsumexp": "n x (|max| + log S + 1)",
+}
 
 
-@dataclass(frozen=True)
-class _Envelope:
-    """Stand-in envelope: ``|got - want| <= ulps * eps * scale + tiny``, or bitwise when ``ulps`` is 0."""
-
-    opcode: str
-    dtype: str
-    ulps: float
-    scale: str  # what the bound is proportional to
-
-    def __str__(self) -> str:
-        if self.ulps == 0:
-            return f"{self.opcode} {self.dtype}: bitwise (IEEE-exact or data movement)"
-        return f"{self.opcode} {self.dtype}: {self.ulps:g} ulps of {self.scale}"
-
-
-_BITWISE = frozenset({
-    "add", "sub", "mul", "div", "neg", "maximum", "step", "broadcast", "broadcast_along", "reshape",
-    "permute", "narrow", "pad", "unfold", "gather",
-})
-_ACCUMULATING = frozenset({"matmul", "sum", "sum_along", "fold", "scatter"})
-_STABLE = frozenset({"log_softmax", "logsumexp"})
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-
-class _Fallback:
-    """A minimal IREE envelope table with the interface of ``topos.dialect.conformance``."""
-
-    @staticmethod
-    def envelope(opcode_name: str, function: str | None, dtype) -> _Envelope:
-        label = opcode_name if function is None else f"{opcode_name} {function}"
-        dtype = np.dtype(dtype)
-        short = short_name(dtype)
-        if opcode_name in _BITWISE or (opcode_name == "map" and function == "sqrt"):
-            return _Envelope(label, short, 0.0, "")
-        if opcode_name in _ACCUMULATING:
-            return _Envelope(label, short, 2.0, "terms x sum of |terms|")
-        if opcode_name in _STABLE:
-            return _Envelope(label, short, 8.0, "n x (|shifted| + log sum + 1)")
-        narrow = dtype == _BFLOAT16
-        ulps = 1.0 if narrow else (8.0 if function == "erf_derivative" else 4.0)
-        return _Envelope(label, short, ulps, "|reference|")
-
-    @staticmethod
-    def deviation(opcode_name: str, attributes: Mapping[str, Any], compiled_value, operand_values):
-        from .opcodes import by_name
-
-        attributes = dict(attributes)
-        operands = [np.asarray(o) for o in operand_values]
-        got = np.asarray(compiled_value)
-        with np.errstate(all="ignore"):
-            want = np.asarray(by_name(opcode_name).kernel(*operands, **attributes))
-            if got.shape != want.shape:
-                return False, float("inf"), f"shape {list(got.shape)} where the reference has {list(want.shape)}"
-            envelope = _Fallback.envelope(opcode_name, attributes.get("function"), want.dtype)
-            info = ml_dtypes.finfo(want.dtype)
-            g, w = got.astype(np.float64), want.astype(np.float64)
-            same = (np.isnan(g) & np.isnan(w)) | ((g == w) & (np.signbit(g) == np.signbit(w)))
-            scale = _scale(opcode_name, attributes, operands, w, envelope.ulps)
-            error = np.abs(g - w)
-            units = np.where(same, 0.0, np.where(np.isfinite(error), error, np.inf)
-                             / (float(info.eps) * np.maximum(scale, float(info.tiny))))
-            units = np.where(np.isnan(units), np.inf, units)
-            if envelope.ulps == 0:
-                bad = ~same
-            else:
-                bad = ~same & ~(error <= envelope.ulps * float(info.eps) * scale + float(info.tiny))
-        if got.size == 0:
-            return True, 0.0, "empty"
-        at = np.unravel_index(int(np.argmax(units)), units.shape) if units.ndim else ()
-        worst = float(units[at])
-        where = tuple(int(k) for k in at)
-        detail = (f"{worst:.3g} ulps at {where if where else 'the scalar'}: "
-                  f"compiled {_number(g[at])}, reference {_number(w[at])}")
-        if bad.any():
-            detail = f"{int(bad.sum())} of {bad.size} elements outside; worst {detail}"
-        elif envelope.ulps == 0:
-            detail = "bitwise equal"
-        return not bad.any(), worst, detail
-
-
-def _number(x) -> str:
-    return f"{float(x):.9g}"
-
-
-def _scale(name: str, attributes: dict, operands, want: np.ndarray, ulps: float) -> np.ndarray:
-    """What the stand-in envelope's bound is proportional to (see ``tests/test_numerics_fast.py``)."""
-    wide = [o.astype(np.float64) for o in operands if is_element(o.dtype)]
-    if name == "matmul":
-        a, b = wide
-        return a.shape[-1] * (np.abs(a) @ np.abs(b))
-    if name == "sum":
-        return wide[0].size * np.sum(np.abs(wide[0]))
-    if name == "sum_along":
-        axis = attributes["axis"]
-        return wide[0].shape[axis] * np.sum(np.abs(wide[0]), axis=axis)
-    if name in ("fold", "scatter"):
-        from .opcodes import by_name
-
-        terms = np.abs(operands[0]).astype(operands[0].dtype)
-        total = np.asarray(by_name(name).kernel(terms, *operands[1:], **attributes)).astype(np.float64)
-        return operands[0].size * total
-    if name in _STABLE:
-        x, axis = wide[0], attributes["axis"]
-        peak = np.max(x, axis=axis, keepdims=True)
-        peak = np.where(np.isfinite(peak), peak, 0.0)
-        log_total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True))
-        first = np.abs(x - peak) if name == "log_softmax" else np.abs(peak)
-        scale = x.shape[axis] * (first + log_total + 1.0)
-        return scale if name == "log_softmax" else np.squeeze(scale, axis)
-    return np.abs(want)
+def _describe_envelope(opcode_name: str, chosen) -> str:
+    """An envelope in words: bit-exact, or how many epsilons of which yardstick."""
+    ulps = getattr(chosen, "ulps", None)
+    if ulps is None:
+        return str(chosen)
+    accumulates = getattr(chosen, "accumulates", False)
+    if ulps == 0 and not accumulates:
+        text = "bit-exact"
+    else:
+        yardstick = (_YARDSTICKS.get(opcode_name, "terms x sum of |terms|") if accumulates
+                     else "|reference|")
+        text = f"{ulps:g} eps x {yardstick}"
+    note = getattr(chosen, "note", "")
+    return f"{text} ({note})" if note and not note.startswith("bit-exact") else text

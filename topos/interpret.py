@@ -106,6 +106,12 @@ def source_value(network, i, parameters, feeds):
 def evaluate(network, order, parameters, feeds) -> dict[int, np.ndarray]:
     """Evaluate the nodes in ``order`` (ascending indices) with the reference kernels."""
     values: dict[int, np.ndarray] = {}
+    with np.errstate(all="ignore"):  # IEEE results (inf, nan) are the semantics, not accidents
+        _evaluate_into(values, network, order, parameters, feeds)
+    return values
+
+
+def _evaluate_into(values, network, order, parameters, feeds) -> None:
     opcodes, operands, attributes = network._opcodes, network._operands, network._attributes
     for i in order:
         opcode = opcodes[i]
@@ -115,7 +121,6 @@ def evaluate(network, order, parameters, feeds) -> dict[int, np.ndarray]:
         out = np.asarray(opcode.kernel(*(values[j] for j in operands[i]), **dict(attributes[i])))
         out.flags.writeable = False
         values[i] = out
-    return values
 
 
 def interpret(network, parameters, feeds, wanted=None) -> Run:

@@ -375,7 +375,8 @@ class Eager(Recordable):
 
     def _express(self, opcode, operands, attributes):
         arrays = [o.array if isinstance(o, Eager) else o for o in operands]
-        out = np.asarray(opcode.kernel(*arrays, **attributes))
+        with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
+            out = np.asarray(opcode.kernel(*arrays, **attributes))
         out.flags.writeable = False
         return Eager(out)
 

@@ -6,7 +6,6 @@ fact a liveness or fusion pass needs. Load it into topos-opt with
 """
 
 from iree.compiler import ir
-
 from topos.dialect.ops import topos_operations
 from topos.dialect.passes import PassFailure, register_pass
 

@@ -10,7 +10,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.join(_ROOT, "tests", "dialect"))
 
 import graphs  # noqa: E402
-
 from topos.dialect import emit_text  # noqa: E402
 
 network, roots, observes = graphs.GRAPHS[sys.argv[1]]()

@@ -41,12 +41,12 @@ def test_emit_parse_gives_an_identical_describe(recorded):
 
 
 def test_emit_parse_emit_gives_identical_text(recorded):
-    network, roots, observes, text = recorded
+    _network, _roots, _observes, text = recorded
     assert emit_text(*parse_spec(text)) == text
 
 
 def test_leaf_payloads_come_back_bit_exact(recorded):
-    network, roots, observes, text = recorded
+    network, _roots, _observes, text = recorded
     parsed, _, _ = parse_spec(text)
     for node, again in zip(network.nodes(), parsed.nodes()):
         if node.opcode.name == "leaf":
@@ -57,7 +57,7 @@ def test_leaf_payloads_come_back_bit_exact(recorded):
 
 
 def test_sites_come_back_from_locations(recorded):
-    network, roots, observes, text = recorded
+    network, _roots, _observes, text = recorded
     parsed, _, _ = parse_spec(text)
     for node, again in zip(network.nodes(), parsed.nodes()):
         assert (again.site.file, again.site.line) == (node.site.file, node.site.line)
@@ -118,7 +118,7 @@ def test_walkthrough_text_follows_the_contract():
 
 
 def test_a_subset_emits_only_the_ancestor_closure_in_recording_order():
-    network, roots, observes = graphs.mlp()
+    network, _roots, observes = graphs.mlp()
     logits = observes[0]
     closure = ancestors(network, [logits])
     parsed, parsed_roots, _ = parse_spec(emit_text(network, [logits]))
@@ -147,14 +147,14 @@ def test_emit_in_a_callers_context_configures_it():
 
 
 def test_emit_needs_something_to_export():
-    network, roots, observes = graphs.walkthrough()
+    network, _roots, _observes = graphs.walkthrough()
     with pytest.raises(ValueError, match="at least one root"):
         emit_module(network, ())
 
 
 def test_emit_refuses_symbols_of_another_network():
-    network, roots, _ = graphs.walkthrough()
-    other, other_roots, _ = graphs.walkthrough()
+    network, _roots, _ = graphs.walkthrough()
+    _other, other_roots, _ = graphs.walkthrough()
     with pytest.raises(topos.SymbolError):
         emit_module(network, other_roots)
 
@@ -194,7 +194,7 @@ func.func @other() { return }"""
     operation = topos_operations(module)[0]
     site = site_of(operation.location)
     assert (site.file, site.line) == ("two.mlir", 2)
-    network, roots, _ = parse_spec(module)
+    network, _roots, _ = parse_spec(module)
     assert network.describe().splitlines()[0].split() == ["0", "parameter", "()", "[2]", "f32"]
 
 
@@ -205,3 +205,12 @@ def test_a_five_thousand_node_chain_round_trips():
     parsed, parsed_roots, _ = parse_spec(text)
     assert parsed.describe() == network.describe()
     assert emit_text(parsed, parsed_roots) == text
+
+
+def test_parse_refuses_operands_that_are_not_nodes():
+    text = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = "topos.neg"(%a) {node = 0 : i64} : (tensor<2xf32>) -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}"""
+    with pytest.raises(DialectError, match="'topos.neg' op node 0: operand #0 is not the result of an earlier topos op"):
+        parse_spec(text)

@@ -41,7 +41,7 @@ def test_lowered_opcode_matches_oracle_within_its_envelope(case, dtype):
 
 
 def _mlp_with_gradients(dtype):
-    """Forward, loss and recorded gradients: step, fold-free adjoints, scatter, gather, log_softmax."""
+    """A loss and its recorded gradients: relu adds step, gather adds scatter, log_softmax its adjoint."""
 
     def model(tape):
         x = tape.input(data(dtype, (6, 4), "x"))

@@ -15,9 +15,9 @@ from topos.errors import ShapeError
 ir = pytest.importorskip("iree.compiler.ir")
 
 from iree.compiler.dialects import func  # noqa: E402
-
 from topos.dialect import context, ops  # noqa: E402
 from topos.dialect.diagnostics import VerificationError  # noqa: E402
+
 from topos.opcodes import Spec  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def test_builder_infers_the_result_type_with_the_core_shape_rule(builder):
 
 
 def test_builder_refuses_what_the_recorder_refuses(builder):
-    module, block = builder
+    _module, block = builder
     a = ops.ParameterOp(block.arguments[0], node=0)
     b = ops.ParameterOp(block.arguments[1], node=1)
     with pytest.raises(ShapeError, match=r"shapes \[2, 3\] and \[3, 2\] differ"):
@@ -80,7 +80,7 @@ def test_builder_refuses_what_the_recorder_refuses(builder):
 
 
 def test_accessors_read_attributes_operands_and_node_as_the_core_spells_them(builder):
-    module, block = builder
+    _module, block = builder
     a = ops.ParameterOp(block.arguments[0], node=0)
     u = ops.UnfoldOp(a.result, node=4, axis=1, size=2, step=1, dilation=1)
     p = ops.PermuteOp(a.result, node=5, order=(1, 0))
@@ -95,7 +95,7 @@ def test_accessors_read_attributes_operands_and_node_as_the_core_spells_them(bui
 
 
 def test_leaf_and_selection_accessors(builder):
-    module, block = builder
+    module, _block = builder
     values = np.array([[1.5, -0.0], [np.inf, np.nan]], np.float32)
     leaf = ops.LeafOp(values, node=0)
     picks = ops.LeafOp(topos.selection([1, 0, 1], 2), node=1)

@@ -51,8 +51,8 @@ def conv2d(
 ) -> Recordable:
     """2-D convolution (cross-correlation, as in PyTorch) of NCHW ``x`` by ``[F, C, kh, kw]`` ``weight``.
 
-    ``padding`` adds zeros on both sides of height and width; ``bias`` has
-    shape ``[F]``. The result is ``[B, F, OH, OW]`` with
+    ``stride`` and ``padding`` are ints or (height, width) pairs; padding
+    adds zeros on both sides. ``bias`` has shape ``[F]``. The result is ``[B, F, OH, OW]`` with
     ``OH = (H + 2*pad_h - kh) // stride_h + 1`` (likewise OW).
     """
     if len(x.shape) != 4 or len(weight.shape) != 4:

@@ -208,6 +208,12 @@ def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics
         return kernels[n]
 
     values: dict[int, np.ndarray] = {}
+    with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
+        _run_steps(values, network, steps, roots, kernel_of, bound_parameters, bound_feeds, free_after)
+    return Run(network, values, readable=readable)
+
+
+def _run_steps(values, network, steps, roots, kernel_of, bound_parameters, bound_feeds, free_after):
     operands = network._operands
     for n in steps:
         if network._opcodes[n].is_source:
@@ -224,4 +230,3 @@ def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics
         if free_after is not None:
             for j in free_after.get(n, ()):
                 del values[j]
-    return Run(network, values, readable=readable)

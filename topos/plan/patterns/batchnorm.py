@@ -203,8 +203,9 @@ class BatchNormTraining(_RaiseOnly):
                 "features": features,
                 "feature_index": 1,
                 "epsilon": tail.epsilon,
-                # Produced by the group and handed back by the raise (output, mean, variance).
-                "results": {"mean": tail.mean, "variance": tail.variance},
+                # Named results, (mean, variance): produced by the group and handed
+                # back by the raise, whose results are (output, mean, variance).
+                "results": (tail.mean, tail.variance),
             },
         )
 

@@ -1,0 +1,386 @@
+"""Compiled training steps, measured: topos on IREE against jax.jit, PyTorch eager and topos's own readings.
+
+One SGD training step (forward, backward, update; float32) of three
+models from ``_gpt.py`` (MLP 784-128-10 batch 64, MLP 784-1024-1024-10
+batch 128, a 2-layer GPT of width 128, context 64), timed five ways in
+one process:
+
+* topos IREE   ``plan.compile("llvm-cpu")`` over ``updates.roots(loss)``,
+               run by ``compiled.step``: parameters stay on the device
+               (local-sync driver), the batch comes from the host
+* jax.jit      value_and_grad + SGD under ``jax.jit``, parameters on the
+               device (donated), the batch from the host (``_peers.py``)
+* PyTorch      eager autograd + in-place SGD (``_peers.py``)
+* oracle       ``network.forward`` + ``run.backward`` + SGD in NumPy
+               (the README loop; reference kernels, fewer steps)
+* FAST plan    a plan over ``adjoints.roots()`` under Numerics.FAST
+               (BLAS, native math) + SGD in NumPy
+
+Every column gets one core: the process pins itself to one CPU before
+anything loads (XLA and OpenMP size their thread pools by the affinity
+mask), sets OPENBLAS/OMP/MKL_NUM_THREADS=1 and
+``torch.set_num_threads(1)``; IREE's local-sync driver is single-threaded.
+``--all-threads`` skips all of that (IREE stays local-sync).
+
+Columns are measured in interleaved rounds (each round times a few steps
+of every column), so a change in machine load lands on every column
+alike; each cell is the median over all timed steps after warm-up.
+Ratios are each column's time over the topos IREE step's (above 1: we are
+faster). Compile times: the topos plan lowered and compiled into an empty
+cache directory, then compiled again from that cache, and jax.jit's lower
++ compile. A diagnostics table splits the IREE step into the module's
+own time and the Python around it, and counts kernels. The benchmark
+also checks (and prints) that every column's first step gives the same
+loss and parameters within float32 tolerance. It never asserts timings.
+
+Run: python benchmarks/compiled.py [--rounds N] [--models mlp-s,mlp-m,gpt] [--all-threads]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ALL_THREADS = "--all-threads" in sys.argv
+if not ALL_THREADS:
+    # Before NumPy, PyTorch or JAX load: their thread pools are sized at load time.
+    PINNED_CPU = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {PINNED_CPU})
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import topos  # noqa: E402
+from topos import Numerics  # noqa: E402
+
+from _gpt import Workload, mlp_m, mlp_s, small_gpt  # noqa: E402
+from _peers import available  # noqa: E402
+
+MODELS = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}
+COLUMNS = ("topos IREE", "jax.jit", "PyTorch", "oracle", "FAST plan")
+
+
+# ---- one step, each way ---------------------------------------------------------------------------
+
+
+def _sgd(rate: float):
+    def rule(p, g):
+        return p - g * np.asarray(rate, dtype=p.dtype)
+
+    return rule
+
+
+class Runner:
+    """A column's training loop: ``step()`` advances its own state by one SGD step."""
+
+    def __init__(self, step: Callable[[], None], first: Callable[[], tuple[float, dict]]):
+        self.step = step
+        self.first = first  # one step from the initial parameters -> (loss, {name: array})
+
+
+def topos_iree(workload: Workload, compiled) -> Runner:
+    state = [compiled.resident(workload.parameters)]
+
+    def step():
+        state[0], _ = compiled.step(state[0], workload.feeds, workload.updates)
+
+    def first():
+        after, run = compiled.step(compiled.resident(workload.parameters), workload.feeds, workload.updates)
+        return float(run[workload.loss]), workload.named_parameters(after.to_host())
+
+    return Runner(step, first)
+
+
+def topos_oracle(workload: Workload) -> Runner:
+    rule = _sgd(workload.learning_rate)
+
+    def advance(parameters):
+        run = workload.forward.forward(parameters, workload.feeds)
+        gradients = run.backward(workload.loss).parameters(parameters)
+        return parameters.step(gradients, rule), run
+
+    state = [workload.parameters]
+
+    def step():
+        state[0], _ = advance(state[0])
+
+    def first():
+        after, run = advance(workload.parameters)
+        return float(run[workload.loss]), workload.named_parameters(after)
+
+    return Runner(step, first)
+
+
+def topos_fast_plan(workload: Workload) -> Runner:
+    plan = workload.trained.entry(workload.adjoints.roots(), numerics=Numerics.FAST).lower()
+    rule = _sgd(workload.learning_rate)
+
+    def advance(parameters):
+        run = plan.forward(parameters, workload.feeds)
+        return parameters.step(run.recorded_gradients(workload.adjoints, parameters), rule), run
+
+    state = [workload.parameters]
+
+    def step():
+        state[0], _ = advance(state[0])
+
+    def first():
+        after, run = advance(workload.parameters)
+        return float(run[workload.loss]), workload.named_parameters(after)
+
+    return Runner(step, first)
+
+
+def peer_runner(peer) -> Runner:
+    state = [peer.start()]
+
+    def step():
+        state[0], _ = peer.step(state[0])
+
+    def first():
+        after, loss = peer.step(peer.start())
+        return peer.loss(loss), peer.parameters(after)
+
+    return Runner(step, first)
+
+
+# ---- compiling --------------------------------------------------------------------------------------
+
+
+def compile_topos(workload: Workload):
+    """(compiled plan, first-compile seconds, cache-hit seconds, its stage timings)."""
+    with tempfile.TemporaryDirectory(prefix="topos-bench-cache-") as directory:
+        cache = topos_cache(directory)
+        began = time.perf_counter()
+        plan = workload.trained.entry(workload.updates.roots(workload.loss)).lower()
+        compiled = plan.compile("llvm-cpu", cache=cache)
+        first = time.perf_counter() - began
+        began = time.perf_counter()
+        again = workload.trained.entry(workload.updates.roots(workload.loss)).lower().compile("llvm-cpu", cache=cache)
+        hit = time.perf_counter() - began
+    if compiled.cache_hit or not again.cache_hit:
+        raise RuntimeError("the compile-cache measurement did not see one miss then one hit")
+    return compiled, first, hit, compiled.timings
+
+
+def topos_cache(directory):
+    from topos.dialect.cache import CompileCache
+
+    return CompileCache(directory)
+
+
+def iree_dispatches(compiled) -> int | None:
+    """Dispatch sites in the compiled module (``stream.cmd.dispatch`` after IREE's stream phase)."""
+    try:
+        from iree.compiler import compile_str
+
+        text = compile_str(compiled.stablehlo, extra_args=[*compiled.flags, "--compile-to=stream"])
+        return (text.decode() if isinstance(text, bytes) else text).count("stream.cmd.dispatch")
+    except Exception:  # informational only
+        return None
+
+
+# ---- measuring --------------------------------------------------------------------------------------
+
+
+def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2) -> tuple[dict, dict]:
+    """(median seconds per step, number of timed steps) for each runner, timed in interleaved rounds."""
+    for name, runner in runners.items():
+        for _ in range(warmup if steps[name] > 1 else 1):
+            runner.step()
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            for name, runner in runners.items():
+                for _ in range(steps[name]):
+                    began = time.perf_counter()
+                    runner.step()
+                    times[name].append(time.perf_counter() - began)
+        finally:
+            gc.enable()
+    return {name: statistics.median(t) for name, t in times.items()}, {n: len(t) for n, t in times.items()}
+
+
+def raw_module_seconds(compiled, workload: Workload, calls: int) -> tuple[float, float]:
+    """(IREE call with the batch as host arrays, with the batch already on the device): median seconds."""
+    import iree.runtime as rt
+
+    function = compiled._load()
+    state = compiled.resident(workload.parameters)
+    host = compiled._arguments(None, workload.feeds, resident=state)
+    device = [a if not isinstance(a, np.ndarray) else rt.asdevicearray(compiled._device, a) for a in host]
+    result = []
+    for arguments in (host, device):
+        function(*arguments)
+        samples = []
+        gc.disable()
+        try:
+            for _ in range(calls):
+                began = time.perf_counter()
+                function(*arguments)
+                samples.append(time.perf_counter() - began)
+        finally:
+            gc.enable()
+        result.append(statistics.median(samples))
+    return result[0], result[1]
+
+
+def agreement(results: dict[str, tuple[float, dict]], reference: str = "oracle") -> dict[str, tuple[float, float]]:
+    """Per column: (|loss - oracle loss| / |oracle loss|, worst scale-relative difference of the update)."""
+    loss0, after0 = results[reference]
+    out = {}
+    for name, (loss, after) in results.items():
+        worst = 0.0
+        for key, want in after0.items():
+            got = np.asarray(after[key], np.float64)
+            want = np.asarray(want, np.float64)
+            worst = max(worst, float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30)))
+        out[name] = (abs(loss - loss0) / abs(loss0), worst)
+    return out
+
+
+# ---- printing ---------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.2f}"
+
+
+def _s(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds:.2f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table with right-aligned numeric columns."""
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                                          for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule] + [line(r) for r in rows])
+
+
+def versions(peers: dict) -> str:
+    from importlib.metadata import version
+
+    parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}",
+             f"iree-base-compiler {version('iree-base-compiler')}", f"iree-base-runtime {version('iree-base-runtime')}"]
+    for name in ("jax", "jaxlib", "torch"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except Exception:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    parser.add_argument("--all-threads", action="store_true", help="leave thread counts and CPU affinity alone")
+    args = parser.parse_args()
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = set(chosen) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODELS)}")
+
+    peers = available()
+    threads = ("all threads (no affinity or thread settings)" if ALL_THREADS else
+               f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; torch.set_num_threads(1)")
+    if "torch" in peers and not isinstance(peers["torch"], str) and not ALL_THREADS:
+        import torch
+
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; {threads}")
+    print(f"versions: {versions(peers)}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for name, builder in peers.items():
+        if isinstance(builder, str):
+            print(f"skipped {name}: {builder}")
+    print()
+
+    # Steps per round: the oracle is slow on the larger models, so it runs fewer.
+    per_round = {"mlp-s": {"topos IREE": 20, "jax.jit": 20, "PyTorch": 20, "oracle": 2, "FAST plan": 10},
+                 "mlp-m": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2},
+                 "gpt": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2}}
+    step_rows, ratio_rows, compile_rows, diagnostic_rows, check_rows, counts_note = [], [], [], [], [], []
+    for key in chosen:
+        workload = MODELS[key]()
+        compiled, first, hit, stages = compile_topos(workload)
+        runners = {"topos IREE": topos_iree(workload, compiled)}
+        jax_compile, jax_kernels = None, None
+        if not isinstance(peers.get("jax"), str):
+            peer = peers["jax"](workload)
+            jax_compile, jax_kernels = peer.compile_seconds, peer.kernels
+            runners["jax.jit"] = peer_runner(peer)
+        if not isinstance(peers.get("torch"), str):
+            runners["PyTorch"] = peer_runner(peers["torch"](workload))
+        runners["oracle"] = topos_oracle(workload)
+        runners["FAST plan"] = topos_fast_plan(workload)
+
+        results = {name: runner.first() for name, runner in runners.items()}
+        checks = agreement(results)
+        medians, counts = measure(runners, per_round[key], args.rounds)
+        ours = medians["topos IREE"]
+        step_rows.append([workload.name] + [_ms(medians.get(c)) for c in COLUMNS])
+        ratio_rows.append([workload.name] + [f"{medians[c] / ours:.2f}x" if c in medians else "—"
+                                             for c in COLUMNS[1:]])
+        counts_note.append(f"{workload.name}: " + ", ".join(f"{c} {counts[c]}" for c in COLUMNS if c in counts))
+        compile_rows.append([workload.name, _s(first), f"{stages.get('iree-compile', 0.0):.2f}", _s(hit),
+                             _s(jax_compile)])
+        host, device = raw_module_seconds(compiled, workload, max(10, 3 * per_round[key]["topos IREE"]))
+        dispatches = iree_dispatches(compiled)
+        diagnostic_rows.append([workload.name, f"{workload.volume():,}", str(len(workload.trained)),
+                                str(len(compiled.plan.schedule)), "—" if dispatches is None else str(dispatches),
+                                "—" if jax_kernels is None else str(jax_kernels),
+                                _ms(ours), _ms(host), _ms(device), _ms(max(ours - host, 0.0))])
+        check_rows.append([workload.name] + [f"{checks[c][0]:.1e} / {checks[c][1]:.1e}" if c in checks else "—"
+                                             for c in COLUMNS])
+        del runners, compiled  # release device buffers before the next model
+
+    print("training step: median ms per step (forward + backward + SGD update, float32)\n")
+    print(table(["model"] + list(COLUMNS), step_rows))
+    print("\nratio: column / topos IREE (above 1: topos IREE is faster)\n")
+    print(table(["model"] + [f"{c} / IREE" for c in COLUMNS[1:]], ratio_rows))
+    print("\ncompile, seconds (topos: plan lowering + StableHLO + IREE, into an empty cache; "
+          "cache hit: the same again)\n")
+    print(table(["model", "topos first compile", "of which iree-compile", "topos cache hit", "jax.jit lower+compile"],
+                compile_rows))
+    print("\ndiagnostics: where the topos IREE step goes\n")
+    print(table(["model", "parameters", "spec nodes", "plan nodes", "IREE dispatches", "XLA kernels",
+                 "step ms", "module ms (host batch)", "module ms (device batch)", "Python around it ms"],
+                diagnostic_rows))
+    print("\nagreement after one step from the same parameters: "
+          "relative loss difference / worst scale-relative parameter difference, against the oracle\n")
+    print(table(["model"] + list(COLUMNS), check_rows))
+    print("\ntimed steps per cell: " + "; ".join(counts_note))
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

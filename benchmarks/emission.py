@@ -1,0 +1,108 @@
+"""Emission, measured: record a spec of about 5,000 nodes, emit topos IR, verify it, print it, read it back.
+
+The graph is a long chain of matmul, tanh, mul, add and narrow on 8x16
+float32 tensors (the shape of a deep MLP's forward pass), plus an MLP with
+its recorded gradients for a second, more varied, row. Each step is timed
+on its own; medians over a few runs. Nothing here asserts.
+
+Steps:
+  record         Tape.record of the graph (the core alone, no MLIR)
+  emit           emit_module: one topos op per node, locations included
+  verify         topos-verify: every op against its opcode's shape rule
+  print          the module as text with locations
+  parse text     the text back into a module (MLIR's parser)
+  parse spec     parse_spec: the module replayed onto a fresh tape
+  (lowering)     STEPS_AFTER_PRINT: the StableHLO lowering adds its rows there
+
+Run: python benchmarks/emission.py [--nodes N] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "dialect"))
+
+import graphs  # noqa: E402  (the graphs the dialect tests use)
+from topos.dialect import emit_module, parse_spec, run_pipeline  # noqa: E402
+from topos.dialect.parse import parse_module  # noqa: E402
+
+# Each step takes the state so far (a dict) and returns what it adds.
+Step = tuple[str, Callable[[dict], dict]]
+
+
+def _record(state):
+    network, roots, observes = state["build"]()
+    return {"network": network, "roots": roots, "observes": observes}
+
+
+def _emit(state):
+    return {"module": emit_module(state["network"], state["roots"], state["observes"])}
+
+
+def _verify(state):
+    run_pipeline(state["module"], "topos-verify", verify_each=False)
+    return {}
+
+
+def _print(state):
+    return {"text": state["module"].operation.get_asm(enable_debug_info=True)}
+
+
+def _parse_text(state):
+    return {"parsed": parse_module(state["text"])}
+
+
+def _parse_spec(state):
+    network, _, _ = parse_spec(state["parsed"])
+    assert network.describe() == state["network"].describe()
+    return {}
+
+
+STEPS: list[Step] = [("record", _record), ("emit", _emit), ("verify", _verify), ("print", _print)]
+# The StableHLO lowering engineer appends ("lower to stablehlo", fn) here:
+# fn gets state["module"] (topos IR, verified) and may time anything after it.
+STEPS_AFTER_PRINT: list[Step] = [("parse text", _parse_text), ("parse spec", _parse_spec)]
+
+
+def measure(build, repeats: int) -> tuple[int, dict[str, float], int]:
+    """Median seconds per step over ``repeats`` runs, the node count and the text size."""
+    times: dict[str, list[float]] = {}
+    nodes = size = 0
+    for _ in range(repeats):
+        state = {"build": build}
+        for name, step in STEPS + STEPS_AFTER_PRINT:
+            start = time.perf_counter()
+            state.update(step(state))
+            times.setdefault(name, []).append(time.perf_counter() - start)
+        nodes, size = len(state["network"]), len(state["text"])
+    return nodes, {name: statistics.median(t) for name, t in times.items()}, size
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3)
+    arguments = parser.parse_args(argv)
+    rows = [
+        (f"chain ({arguments.nodes} nodes)", lambda: graphs.chain(arguments.nodes)),
+        ("mlp + gradients", graphs.mlp),
+    ]
+    names = [name for name, _ in STEPS + STEPS_AFTER_PRINT]
+    print(f"{'graph':<24}{'nodes':>7}" + "".join(f"{n:>13}" for n in names) + f"{'text KiB':>10}")
+    for label, build in rows:
+        nodes, medians, size = measure(build, arguments.repeats)
+        cells = "".join(f"{medians[n] * 1e3:>10.1f} ms" for n in names)
+        print(f"{label:<24}{nodes:>7}{cells}{size / 1024:>10.0f}")
+        per_node = "".join(f"{medians[n] * 1e6 / nodes:>10.1f} us" for n in names)
+        print(f"{'  per node':<24}{'':>7}{per_node}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The ``topos`` command: ``topos bisect FILE.py[:FUNCTION]`` names the line where a compiled run diverges.
+
+FUNCTION (default ``bisect_case``) takes no arguments and returns
+``(entry, parameters, feeds)``; feeds may be left out or None. Exit
+status: 0 when every node is within its envelope, 1 when a divergence was
+found, 2 when no verdict could be reached (a usage error, a file or
+function that cannot be loaded, a case that raises, a module IREE
+refuses). User mistakes get a one-paragraph message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_FUNCTION = "bisect_case"
+
+
+class _Refusal(Exception):
+    """A user mistake: printed as ``topos bisect: error: ...`` with exit status 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``topos`` command with ``argv`` (default ``sys.argv[1:]``) and return its exit status."""
+    parser = _parser()
+    arguments = parser.parse_args(argv)  # argparse prints usage and exits 2 on its own mistakes
+    if arguments.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return _bisect(arguments)
+    except _Refusal as refusal:
+        print(f"topos bisect: error: {refusal}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="topos", description="topos command-line tools.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bisect = commands.add_parser(
+        "bisect",
+        help="name the first node whose compiled value leaves its envelope",
+        description=(
+            "Compile a case with every node observed, run it once, and name the first node "
+            "(recording order) whose compiled value is outside its envelope of the reference "
+            "kernel applied to its compiled inputs. Exit 0: no divergence; 1: divergence found; "
+            "2: no verdict (usage error, or the case could not be loaded, compiled or run)."
+        ),
+    )
+    bisect.add_argument(
+        "case", metavar="FILE.py[:FUNCTION]",
+        help=f"a Python file and the function in it that returns (entry, parameters, feeds) "
+             f"(default function: {DEFAULT_FUNCTION})",
+    )
+    bisect.add_argument("--target", default="llvm-cpu", help="IREE target (default: llvm-cpu)")
+    bisect.add_argument(
+        "--replace", nargs=2, action="append", default=[], metavar=("OLD", "NEW"),
+        help="inject a fault: replace every OLD with NEW in the StableHLO text before IREE "
+             "compiles it (repeatable; OLD must occur)",
+    )
+    bisect.add_argument("--print-stablehlo", action="store_true",
+                        help="print the StableHLO text IREE compiled (after --replace) before the report")
+    return parser
+
+
+def _bisect(arguments) -> int:
+    path, function = _split_case(arguments.case)
+    case = _load_function(path, function)
+    entry, parameters, feeds = _call_case(case, path, function)
+    compiled_text: list[str] = []
+
+    def rewrite(text: str) -> str:
+        for old, new in arguments.replace:
+            if old not in text:
+                raise _Refusal(f"--replace: {old!r} does not occur in the StableHLO text; "
+                               f"see it with --print-stablehlo")
+            text = text.replace(old, new)
+        compiled_text.append(text)
+        return text
+
+    from topos.bisect import bisect
+    from topos.errors import ToposError
+
+    try:
+        report = bisect(entry, parameters, feeds, arguments.target, rewrite=rewrite)
+    except ToposError as error:
+        raise _Refusal(f"{type(error).__name__}: {error}") from None
+    if arguments.print_stablehlo and compiled_text:
+        print(compiled_text[-1])
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _split_case(case: str) -> tuple[Path, str]:
+    """``FILE.py:FUNCTION`` -> (path, function); a colon that names no identifier belongs to the path."""
+    head, colon, tail = case.rpartition(":")
+    if colon and tail.isidentifier():
+        return Path(head), tail
+    if colon and not tail:
+        raise _Refusal(f"{case!r}: nothing after the colon; write FILE.py:FUNCTION or just FILE.py")
+    return Path(case), DEFAULT_FUNCTION
+
+
+def _load_function(path: Path, function: str):
+    if not path.exists():
+        raise _Refusal(f"no such file: {path}")
+    if not path.is_file():
+        raise _Refusal(f"{path} is not a file; give a Python file that defines {function}()")
+    name = "_topos_case_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise _Refusal(f"{path} cannot be imported as Python (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))  # so the case can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise _Refusal(f"{error.filename}:{error.lineno}: SyntaxError: {error.msg}") from None
+    except Exception as error:  # noqa: BLE001  (the user's module raised while loading)
+        raise _Refusal(f"importing {path} raised {_where(error, path)}") from None
+    case = getattr(module, function, None)
+    if case is None:
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                         and getattr(v, "__module__", None) == name)
+        hint = f"; it defines {', '.join(defined)}" if defined else ""
+        raise _Refusal(f"{path} has no function {function!r}{hint}; "
+                       f"name one with {path}:FUNCTION")
+    if not callable(case):
+        raise _Refusal(f"{path}:{function} is a {type(case).__name__}, not a function")
+    return case
+
+
+def _call_case(case, path: Path, function: str):
+    from topos.plan import Entry
+
+    try:
+        returned = case()
+    except Exception as error:  # noqa: BLE001  (the user's function raised: report, do not crash)
+        raise _Refusal(f"{function}() in {path} raised {_where(error, path)}") from None
+    if not isinstance(returned, (tuple, list)) or len(returned) not in (2, 3):
+        raise _Refusal(f"{function}() must return (entry, parameters, feeds) or (entry, parameters); "
+                       f"it returned {_kind(returned)}")
+    entry, parameters, feeds = (*returned, None) if len(returned) == 2 else returned
+    if not isinstance(entry, Entry):
+        raise _Refusal(f"{function}() returned {_kind(entry)} where an Entry belongs first; "
+                       f"build one with network.entry([roots])")
+    return entry, parameters, feeds
+
+
+def _where(error: BaseException, path: Path) -> str:
+    """``Type: message`` and the innermost line of the user's file the exception passed through."""
+    text = f"{type(error).__name__}: {error}"
+    target = os.path.realpath(path)
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if os.path.realpath(f.filename) == target]
+    if frames:
+        last = frames[-1]
+        text += f"\n  at {last.filename}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
+    return text
+
+
+def _kind(value) -> str:
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, (tuple, list)):
+        return f"{article} {name} of {len(value)}"
+    return f"{article} {name}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
