@@ -57,6 +57,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -196,48 +197,47 @@ def iree_dispatches(compiled) -> int | None:
 # ---- measuring --------------------------------------------------------------------------------------
 
 
-def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2) -> tuple[dict, dict]:
-    """(median seconds per step, number of timed steps) for each runner, timed in interleaved rounds."""
+def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2) -> dict:
+    """name -> Timing: per-step wall and process-CPU seconds, timed in interleaved rounds after warm-up."""
     for name, runner in runners.items():
         for _ in range(warmup if steps[name] > 1 else 1):
             runner.step()
-    times: dict[str, list[float]] = {name: [] for name in runners}
+    wall: dict[str, list[float]] = {name: [] for name in runners}
+    cpu: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(rounds):
         gc.collect()
         gc.disable()
         try:
             for name, runner in runners.items():
                 for _ in range(steps[name]):
-                    began = time.perf_counter()
+                    began, began_cpu = time.perf_counter(), time.process_time()
                     runner.step()
-                    times[name].append(time.perf_counter() - began)
+                    cpu[name].append(time.process_time() - began_cpu)
+                    wall[name].append(time.perf_counter() - began)
         finally:
             gc.enable()
-    return {name: statistics.median(t) for name, t in times.items()}, {n: len(t) for n, t in times.items()}
+    return {name: Timing(statistics.median(wall[name]), statistics.median(cpu[name]), len(wall[name]))
+            for name in runners}
 
 
-def raw_module_seconds(compiled, workload: Workload, calls: int) -> tuple[float, float]:
-    """(IREE call with the batch as host arrays, with the batch already on the device): median seconds."""
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # median seconds per step on the clock
+    cpu: float  # median CPU seconds per step, all threads of this process
+    steps: int  # timed steps behind the medians
+
+
+def module_runners(compiled, workload: Workload) -> dict[str, Runner]:
+    """The compiled module called directly (no topos Python): batch from the host, and already on the device."""
     import iree.runtime as rt
 
     function = compiled._load()
     state = compiled.resident(workload.parameters)
     host = compiled._arguments(None, workload.feeds, resident=state)
     device = [a if not isinstance(a, np.ndarray) else rt.asdevicearray(compiled._device, a) for a in host]
-    result = []
-    for arguments in (host, device):
-        function(*arguments)
-        samples = []
-        gc.disable()
-        try:
-            for _ in range(calls):
-                began = time.perf_counter()
-                function(*arguments)
-                samples.append(time.perf_counter() - began)
-        finally:
-            gc.enable()
-        result.append(statistics.median(samples))
-    return result[0], result[1]
+    unused = lambda: None  # noqa: E731  (diagnostic runners are not checked for agreement)
+    return {"module, host batch": Runner(lambda: function(*host), unused),
+            "module, device batch": Runner(lambda: function(*device), unused)}
 
 
 def agreement(results: dict[str, tuple[float, dict]], reference: str = "oracle") -> dict[str, tuple[float, float]]:
@@ -274,7 +274,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), rule] + [line(r) for r in rows])
 
 
-def versions(peers: dict) -> str:
+def versions() -> str:
     from importlib.metadata import version
 
     parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}",
@@ -297,6 +297,17 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def _cell(seconds: float, ours: float, is_ours: bool) -> str:
+    return _ms(seconds) if is_ours else f"{_ms(seconds)} ({seconds / ours:.2f}x)"
+
+
+STEPS_PER_ROUND = {  # the oracle is slow on the larger models, so it runs fewer steps
+    "mlp-s": {"topos IREE": 20, "jax.jit": 20, "PyTorch": 20, "oracle": 2, "FAST plan": 10},
+    "mlp-m": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2},
+    "gpt": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
@@ -311,24 +322,20 @@ def main() -> None:
     peers = available()
     threads = ("all threads (no affinity or thread settings)" if ALL_THREADS else
                f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; torch.set_num_threads(1)")
-    if "torch" in peers and not isinstance(peers["torch"], str) and not ALL_THREADS:
+    if not isinstance(peers.get("torch"), str) and not ALL_THREADS:
         import torch
 
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; {threads}")
-    print(f"versions: {versions(peers)}")
+    print(f"versions: {versions()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for name, builder in peers.items():
         if isinstance(builder, str):
             print(f"skipped {name}: {builder}")
     print()
 
-    # Steps per round: the oracle is slow on the larger models, so it runs fewer.
-    per_round = {"mlp-s": {"topos IREE": 20, "jax.jit": 20, "PyTorch": 20, "oracle": 2, "FAST plan": 10},
-                 "mlp-m": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2},
-                 "gpt": {"topos IREE": 3, "jax.jit": 3, "PyTorch": 3, "oracle": 1, "FAST plan": 2}}
-    step_rows, ratio_rows, compile_rows, diagnostic_rows, check_rows, counts_note = [], [], [], [], [], []
+    wall_rows, cpu_rows, compile_rows, diagnostic_rows, check_rows, counts = [], [], [], [], [], []
     for key in chosen:
         workload = MODELS[key]()
         compiled, first, hit, stages = compile_topos(workload)
@@ -342,43 +349,46 @@ def main() -> None:
             runners["PyTorch"] = peer_runner(peers["torch"](workload))
         runners["oracle"] = topos_oracle(workload)
         runners["FAST plan"] = topos_fast_plan(workload)
+        checks = agreement({name: runner.first() for name, runner in runners.items()})
 
-        results = {name: runner.first() for name, runner in runners.items()}
-        checks = agreement(results)
-        medians, counts = measure(runners, per_round[key], args.rounds)
-        ours = medians["topos IREE"]
-        step_rows.append([workload.name] + [_ms(medians.get(c)) for c in COLUMNS])
-        ratio_rows.append([workload.name] + [f"{medians[c] / ours:.2f}x" if c in medians else "—"
-                                             for c in COLUMNS[1:]])
-        counts_note.append(f"{workload.name}: " + ", ".join(f"{c} {counts[c]}" for c in COLUMNS if c in counts))
-        compile_rows.append([workload.name, _s(first), f"{stages.get('iree-compile', 0.0):.2f}", _s(hit),
-                             _s(jax_compile)])
-        host, device = raw_module_seconds(compiled, workload, max(10, 3 * per_round[key]["topos IREE"]))
+        steps = dict(STEPS_PER_ROUND[key])
+        modules = module_runners(compiled, workload)
+        steps.update({name: steps["topos IREE"] for name in modules})
+        timing = measure({**runners, **modules}, steps, args.rounds)
+        wall, cpu = timing["topos IREE"].wall, timing["topos IREE"].cpu
+        wall_rows.append([workload.name] + [_cell(timing[c].wall, wall, c == "topos IREE") if c in timing else "—"
+                                            for c in COLUMNS])
+        cpu_rows.append([workload.name] + [_cell(timing[c].cpu, cpu, c == "topos IREE") if c in timing else "—"
+                                           for c in COLUMNS])
+        counts.append(f"{workload.name}: " + ", ".join(f"{c} {timing[c].steps}" for c in COLUMNS if c in timing))
+        compile_rows.append([workload.name, _s(first), _s(stages.get("iree-compile")), _s(hit), _s(jax_compile)])
         dispatches = iree_dispatches(compiled)
-        diagnostic_rows.append([workload.name, f"{workload.volume():,}", str(len(workload.trained)),
-                                str(len(compiled.plan.schedule)), "—" if dispatches is None else str(dispatches),
-                                "—" if jax_kernels is None else str(jax_kernels),
-                                _ms(ours), _ms(host), _ms(device), _ms(max(ours - host, 0.0))])
+        host, device = timing["module, host batch"], timing["module, device batch"]
+        diagnostic_rows.append([
+            workload.name, f"{workload.volume():,}", str(len(workload.trained)), str(len(compiled.plan.schedule)),
+            "—" if dispatches is None else str(dispatches), "—" if jax_kernels is None else str(jax_kernels),
+            _ms(cpu), _ms(host.cpu), _ms(device.cpu), _ms(cpu - host.cpu)])
         check_rows.append([workload.name] + [f"{checks[c][0]:.1e} / {checks[c][1]:.1e}" if c in checks else "—"
                                              for c in COLUMNS])
-        del runners, compiled  # release device buffers before the next model
+        del runners, modules, compiled  # release device buffers before the next model
 
-    print("training step: median ms per step (forward + backward + SGD update, float32)\n")
-    print(table(["model"] + list(COLUMNS), step_rows))
-    print("\nratio: column / topos IREE (above 1: topos IREE is faster)\n")
-    print(table(["model"] + [f"{c} / IREE" for c in COLUMNS[1:]], ratio_rows))
-    print("\ncompile, seconds (topos: plan lowering + StableHLO + IREE, into an empty cache; "
-          "cache hit: the same again)\n")
+    print("training step (forward + backward + SGD update, float32): median wall-clock ms per step, "
+          "and in parentheses the ratio to topos IREE (above 1: topos IREE is faster)\n")
+    print(table(["model"] + list(COLUMNS), wall_rows))
+    print("\nthe same steps, median CPU ms per step (all threads of this process: "
+          "insensitive to other processes taking the core)\n")
+    print(table(["model"] + list(COLUMNS), cpu_rows))
+    print("\ncompile, seconds (topos: plan lowering + StableHLO + IREE, into an empty cache directory; "
+          "cache hit: the same again from that cache)\n")
     print(table(["model", "topos first compile", "of which iree-compile", "topos cache hit", "jax.jit lower+compile"],
                 compile_rows))
-    print("\ndiagnostics: where the topos IREE step goes\n")
+    print("\ndiagnostics: where the topos IREE step goes (CPU ms; 'module' calls the IREE function directly)\n")
     print(table(["model", "parameters", "spec nodes", "plan nodes", "IREE dispatches", "XLA kernels",
-                 "step ms", "module ms (host batch)", "module ms (device batch)", "Python around it ms"],
-                diagnostic_rows))
-    print("\nagreement after one step from the same parameters: "
-          "relative loss difference / worst scale-relative parameter difference, against the oracle\n")
+                 "topos step", "module, host batch", "module, device batch", "topos Python"], diagnostic_rows))
+    print("\nagreement after one step from the same parameters, against the oracle: "
+          "relative loss difference / worst scale-relative parameter difference\n")
     print(table(["model"] + list(COLUMNS), check_rows))
-    print("\ntimed steps per cell: " + "; ".join(counts_note))
+    print("\ntimed steps per cell: " + "; ".join(counts))
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

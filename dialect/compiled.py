@@ -15,11 +15,15 @@ from topos.errors import FeedError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 
 from .cache import CompileCache, key
-from .targets import Target, check_driver, flags_for, target
+from .targets import Target, TargetError, check_driver, flags_for, target
 
 
 class CompileError(ToposError, RuntimeError):
     """IREE refused a module; the message carries its diagnostics."""
+
+
+class DeviceMemoryError(ToposError, MemoryError):
+    """The device could not allocate a buffer a compiled plan needs (IREE's RESOURCE_EXHAUSTED)."""
 
 
 def compiler_version() -> str:
@@ -107,7 +111,10 @@ class CompiledPlan:
             try:
                 config = rt.Config(self.driver)
             except Exception as error:  # a driver that is listed but has no device
-                raise FeedError(f"cannot create an IREE {self.driver!r} device: {error}") from None
+                raise TargetError(
+                    f"cannot create an IREE {self.driver!r} device for target {self.target.name}: {error}; "
+                    "the module is compiled (compiled.vmfb) and can run on a machine with that device"
+                ) from None
             context = rt.SystemContext(config=config)
             module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
             context.add_vm_module(module)
@@ -138,11 +145,14 @@ class CompiledPlan:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
         function = self._load()
         args = self._arguments(parameters, feeds)
+        return CompiledRun(self, self._call(function, args))
+
+    def _call(self, function, args) -> tuple:
+        """Invoke the module; IREE's failures become ToposErrors that say what happened."""
         try:
-            outputs = function(*args)
+            return _as_tuple(function(*args))
         except Exception as error:
-            raise ToposError(f"IREE could not run the module: {error}") from None
-        return CompiledRun(self, _as_tuple(outputs))
+            raise _runtime_error(self, error) from None
 
     def resident(self, parameters) -> "ResidentParameters":
         """Copy a Parameters table to the device once; ``step`` keeps it there."""
@@ -151,7 +161,10 @@ class CompiledPlan:
         self._load()
         network = self.plan.network
         bound = bind_parameters(network, parameters, set(self.arguments))
-        arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
+        try:
+            arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
+        except Exception as error:
+            raise _runtime_error(self, error) from None
         return ResidentParameters(parameters, arrays)
 
     def step(self, state: "ResidentParameters", feeds, updates) -> tuple["ResidentParameters", "CompiledRun"]:
@@ -161,7 +174,7 @@ class CompiledPlan:
         (``topos.sgd(...)`` records one); those nodes must be entry results.
         """
         function = self._load()
-        outputs = _as_tuple(function(*self._arguments(None, feeds, resident=state)))
+        outputs = self._call(function, self._arguments(None, feeds, resident=state))
         run = CompiledRun(self, outputs)
         position = {n: k for k, n in enumerate(self.results)}
         arrays = dict(state._device_arrays)
@@ -177,6 +190,57 @@ class CompiledPlan:
 
 def _as_tuple(outputs) -> tuple:
     return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _runtime_error(compiled: CompiledPlan, error: Exception) -> ToposError:
+    """A ToposError for a failed IREE call: out of memory gets its own class and the plan's peak."""
+    if "RESOURCE_EXHAUSTED" in str(error):
+        peak, node = compiled.plan.peak()
+        return DeviceMemoryError(
+            f"the {compiled.target.name} device ({compiled.driver}) ran out of memory running this plan; "
+            f"its live values peak at {peak} bytes (node {node}, see plan.describe()): reduce the batch "
+            f"or the declared results, or run on a larger device. IREE said: {error}"
+        )
+    return ToposError(f"IREE could not run the module compiled for {compiled.target.name}: {error}")
+
+
+def to_host(array) -> np.ndarray:
+    """Copy one IREE DeviceArray to a host NumPy array.
+
+    ``DeviceArray.to_host`` imports a host allocation as the copy's target.
+    Vulkan requires imported host pointers aligned to
+    minImportedHostPointerAlignment (4096 on Mesa lavapipe), which a NumPy
+    array is not, so there the import fails; then the result is copied
+    through a staging buffer the device allocates itself (host-visible,
+    mappable), as reference/iree-mlir-notes.md describes.
+    """
+    try:
+        return np.asarray(array.to_host())
+    except ValueError as error:
+        if "minImportedHostPointerAlignment" not in str(error):
+            raise
+    return _staged_to_host(array)
+
+
+def _staged_to_host(array) -> np.ndarray:
+    import iree.runtime as rt
+
+    # DeviceArray keeps its device and buffer view private; they are all a copy needs.
+    device, view = array._device, array._buffer_view
+    source = view.get_buffer()
+    staging = device.allocator.allocate_buffer(
+        memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+        allowed_usage=int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED),
+        allocation_size=source.byte_length(),
+    )
+    semaphore = device.create_semaphore(0)
+    device.queue_copy(source, staging, wait_semaphores=rt.HalFence.create_at(semaphore, 0),
+                      signal_semaphores=rt.HalFence.create_at(semaphore, 1))
+    rt.HalFence.create_at(semaphore, 1).wait()
+    mapped = staging.map()
+    raw = rt.HalElementType.map_to_dtype(view.element_type)
+    result = np.array(mapped.asarray(tuple(view.shape), raw))  # a copy: the mapping ends with staging
+    return result.astype(array.dtype) if array.dtype != raw else result
 
 
 class CompiledRun:
@@ -199,7 +263,7 @@ class CompiledRun:
     def __getitem__(self, symbol) -> np.ndarray:
         k = self._position(symbol)
         if k not in self._host:
-            array = np.asarray(self._outputs[k].to_host())
+            array = to_host(self._outputs[k])
             array.flags.writeable = False
             self._host[k] = array
         return self._host[k]
@@ -223,5 +287,5 @@ class ResidentParameters:
         pairs = []
         for symbol, array in self._template.items():
             device = self._device_arrays.get(symbol.index)
-            pairs.append((symbol, array if device is None else np.asarray(device.to_host())))
+            pairs.append((symbol, array if device is None else to_host(device)))
         return Parameters._of(self._template._family, pairs)

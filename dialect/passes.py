@@ -94,6 +94,7 @@ def lookup(name: str) -> Pass | None:
 # yet is skipped; one that fails to import is a bug and is reported.
 PASS_MODULES: tuple[str, ...] = (
     "topos.dialect.lowering", "topos.dialect.pipeline", "topos.dialect.plan_passes",
+    "topos.dialect.raising",
 )
 ENTRY_POINT_GROUP = "topos.passes"  # third-party packages register passes here
 

@@ -5,6 +5,7 @@
 """
 
 from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
+from .bisect import BisectReport, bisect
 from .differentiate import Adjoints, Field, Gradients
 from .errors import (
     DifferentiationError,
@@ -32,6 +33,6 @@ __all__ = [
     "DifferentiationError", "FeedError", "Network", "Node", "Opcode", "Parameters",
     "Recordable", "Run", "Candidate", "Entry", "Numerics", "Plan", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol",
     "SymbolError", "Tape", "ToposError", "Value",
-    "GradientCheckError", "GradientReport", "check_gradients",
+    "GradientCheckError", "GradientReport", "check_gradients", "BisectReport", "bisect",
     "Updates", "bfloat16", "by_name", "sgd", "concat", "detach", "float32", "float64", "selection", "stack",
 ]

@@ -130,6 +130,8 @@ class BisectReport:
     def summary(self) -> str:
         """One line: how many nodes were checked and what was found."""
         checked = f"{plural(self.checked, 'node')} checked in recording order on {self.target}"
+        if not self.checks:
+            return f"{checked}: the entry computes nothing (its closure is sources only)"
         if self.ok:
             return f"{checked}, every one within its envelope"
         outside = self.outside

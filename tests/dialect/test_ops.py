@@ -248,3 +248,23 @@ def test_spec_and_type_conversions_agree():
             assert str(mlir_type) == ops.type_text(spec)
             extent = getattr(spec.dtype, "extent", None)
             assert ops.spec_of_type(mlir_type, extent) == spec
+
+
+def test_configured_contexts_load_func_stablehlo_and_chlo_before_any_ir_is_built():
+    from iree.compiler.api import Session
+
+    # An IREE session's context loads dialects lazily; unconfigured, a
+    # func.func built there silently becomes an unregistered op.
+    session_context = Session().context
+    for ctx in (context.new_context(), context.configure(session_context)):
+        assert context.is_configured(ctx)
+        with ctx, ir.Location.unknown():
+            module = ir.Module.create()
+            with ir.InsertionPoint(module.body):
+                function = func.FuncOp("main", ir.FunctionType.get([], []))
+            with ir.InsertionPoint(function.add_entry_block()):
+                func.ReturnOp([])
+            assert ctx.is_registered_operation("func.func")
+            assert ctx.is_registered_operation("stablehlo.add") and ctx.is_registered_operation("chlo.erf")
+            assert module.operation.verify()
+            assert str(module).splitlines()[1] == "  func.func @main() {"

@@ -178,14 +178,20 @@ class Plan:
         import time
 
         from ..dialect.emit import emit_module
+        from ..dialect.passes import load_pass_modules, run_pipeline
         from ..dialect.pipeline import to_stablehlo
 
+        load_pass_modules()
         roots, observes = self._declared()
         started = time.perf_counter()
         module = emit_module(self.network, roots, observes)
         emitted = time.perf_counter()
+        # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
+        run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
+        raised = time.perf_counter()
         text = to_stablehlo(module)
-        return text, {"emit": emitted - started, "passes": time.perf_counter() - emitted}
+        return text, {"emit": emitted - started, "raise": raised - emitted,
+                      "lower": time.perf_counter() - raised}
 
     def compile(self, target: str = "llvm-cpu", driver: str | None = None, **options):
         """Compile this plan with IREE for ``target`` -> CompiledPlan (see topos.dialect.compiled)."""
