@@ -14,7 +14,7 @@ from .diagnostics import Diagnostic, DialectError, VerificationError
 from .emit import emit_module, emit_text
 from .ops import OP_CLASSES, ToposOp, op_class, verify_module
 from .parse import parse_module, parse_spec
-from .passes import PassFailure, register_pass, registered_passes, run_pipeline
+from .passes import PassFailure, register_pass, registered_passes, run_pipeline, transform
 
 __all__ = [
     "OP_CLASSES",
@@ -33,5 +33,6 @@ __all__ = [
     "register_pass",
     "registered_passes",
     "run_pipeline",
+    "transform",
     "verify_module",
 ]

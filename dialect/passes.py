@@ -292,6 +292,18 @@ def _upstream_pipeline_error(element: str, offset: int, text: str) -> DialectErr
     return _pipeline_error(element, offset, message)
 
 
+def transform(text: str, pipeline: str, *, debug_info: bool = False) -> str:
+    """Parse topos IR text, run ``pipeline`` on it, and return the printed result (a Python mlir-opt)."""
+    from .context import new_context
+    from .parse import parse_module
+
+    load_pass_modules()
+    with new_context():
+        module = parse_module(text)
+        run_pipeline(module, pipeline)
+        return module.operation.get_asm(enable_debug_info=debug_info)
+
+
 def verify_or_raise(module, after: str | None = None) -> None:
     """MLIR's structural verifier, then every topos op's verifier; PassFailure on any problem."""
     try:
@@ -324,5 +336,5 @@ register_upstream_pass("inline", "Upstream MLIR inliner")
 __all__ = [
     "ENTRY_POINT_GROUP", "PASS_MODULES", "Pass", "PassFailure", "load_pass_modules", "lookup",
     "parse_options", "register_pass", "register_upstream_pass", "registered_passes",
-    "run_pipeline", "split_pipeline", "verify_or_raise",
+    "run_pipeline", "split_pipeline", "transform", "verify_or_raise",
 ]

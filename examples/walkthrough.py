@@ -5,7 +5,7 @@ The graph is Plate 1 of the vision: an input [1, 2] times a parameter
 the same sealed spec, and each one is checked against the oracle:
 
   1. the spec (describe)           5. the plan (schedule, liveness, fusions)
-  2. the oracle                    6. the topos MLIR module and its annotations
+  2. the oracle                    6. the topos MLIR module, then annotated by passes
   3. gradients, two readings       7. StableHLO
   4. training by hand              8. IREE: the plan and a whole training step compiled
 
@@ -90,6 +90,12 @@ print("exact plan == oracle, bit for bit")
 # 6. The same plan as a module of the topos dialect (one op per node, with its recording line).
 banner("the topos MLIR module")
 print(plan.emit_mlir(debug_info=False))
+
+# 6b. Passes annotate it with what the plan decided: liveness, fusion offers, the election.
+banner("the annotated module (topos-plan, topos-fuse, topos-elect)")
+from topos.dialect import transform  # noqa: E402  (the MLIR side loads only when asked for)
+
+print(transform(plan.emit_mlir(), "topos-plan,topos-fuse,topos-elect{kinds=elementwise}"))
 
 # 7. Python passes lower it to StableHLO.
 banner("StableHLO")

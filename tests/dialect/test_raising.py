@@ -1,0 +1,78 @@
+"""topos-raise: elected conv / pool / batch-norm groups become named StableHLO ops with the same meaning."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("iree.compiler")
+
+from topos import Tape  # noqa: E402
+from topos.dialect.context import new_context  # noqa: E402
+from topos.dialect.parse import parse_module  # noqa: E402
+from topos.dialect.passes import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
+from topos.nn import functional as F  # noqa: E402
+
+load_pass_modules()
+RNG = np.random.default_rng(7)
+
+
+def _net(observe_interior=False, dtype=np.float32):
+    def model(tape):
+        x = tape.input(RNG.standard_normal((2, 3, 8, 8)).astype(dtype))
+        w = tape.parameter((RNG.standard_normal((4, 3, 3, 3)) * 0.3).astype(dtype))
+        b = tape.parameter(RNG.standard_normal((4,)).astype(dtype))
+        h = F.conv2d(x, w, b, stride=1, padding=1).relu()
+        pooled = F.max_pool(h, 2)
+        flat = pooled.reshape((2, 64))
+        scale = tape.parameter(np.ones(64, dtype))
+        shift = tape.parameter(np.zeros(64, dtype))
+        out, mean, variance = F.batch_norm(flat, scale, shift)
+        return (out * out).sum(), mean, h
+
+    network, (loss, mean, h) = Tape.record(model)
+    observe = [mean]
+    if observe_interior:  # declare the convolution's first unfold: a barrier inside its group
+        observe.append(next(n.symbol for n in network.nodes() if n.opcode.name == "unfold"))
+    return network, loss, mean, network.entry([loss], observe=observe).lower()
+
+
+def _raised(plan):
+    context = new_context()
+    with context:
+        module = parse_module(plan.emit_mlir())
+        run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
+        return module.operation.get_asm(enable_debug_info=False)
+
+
+def test_conv_pool_and_batch_norm_groups_become_named_stablehlo_ops():
+    network, loss, mean, plan = _net()
+    text = _raised(plan)
+    for name in ("stablehlo.convolution", "stablehlo.reduce_window", "stablehlo.batch_norm_training"):
+        assert text.count(name) == 1, name
+    assert '"topos.unfold"' not in text  # the im2col chain is gone with the group
+
+
+def test_an_observed_interior_blocks_the_raise_of_its_group():
+    network, loss, mean, plan = _net(observe_interior=True)
+    text = _raised(plan)
+    assert "stablehlo.convolution" not in text
+    assert "stablehlo.reduce_window" in text  # the other groups are unaffected
+
+
+def test_raise_without_election_names_the_missing_passes():
+    network, loss, mean, plan = _net()
+    with new_context():
+        module = parse_module(plan.emit_mlir())
+        with pytest.raises(PassFailure, match="topos-fuse,topos-elect"):
+            run_pipeline(module, "topos-raise")
+
+
+@pytest.mark.parametrize("dtype", [np.float32])
+def test_raised_module_compiled_by_iree_matches_the_oracle(dtype, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
+    network, loss, mean, plan = _net(dtype=dtype)
+    assert "stablehlo.convolution" in plan.emit_stablehlo()
+    compiled = plan.compile("llvm-cpu")
+    parameters = network.parameters()
+    run, oracle = compiled.forward(parameters), network.forward(parameters)
+    np.testing.assert_allclose(run[loss], oracle[loss], rtol=1e-4)
+    np.testing.assert_allclose(run[mean], oracle[mean], rtol=1e-4, atol=1e-5)
