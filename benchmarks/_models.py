@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from topos import Tape
+from topos.nn.functional import conv2d, max_pool
 
 
 @dataclass(frozen=True)
@@ -99,37 +100,11 @@ def mlp(batch: int = 64, sizes=(784, 128, 10), dtype=np.float32, seed: int = 0) 
 
 
 def _conv2d(x, weight, bias):
-    """conv2d (stride 1, padding 1) from topos.nn.functional, or the same composition recorded here."""
-    try:
-        from topos.nn.functional import conv2d
-    except ImportError:
-        conv2d = None
-    if conv2d is not None:
-        return conv2d(x, weight, bias, stride=1, padding=1)
-    batch, channels, height, width = x.shape
-    filters, _, kh, kw = weight.shape
-    x = x.pad(2, 1, height + 2).pad(3, 1, width + 2)
-    windows = x.unfold(2, kh, 1).unfold(4, kw, 1)
-    columns = windows.permute((0, 2, 4, 1, 3, 5)).reshape((batch * height * width, channels * kh * kw))
-    kernel = weight.reshape((filters, channels * kh * kw)).permute((1, 0))
-    out = (columns @ kernel).reshape((batch, height, width, filters)).permute((0, 3, 1, 2))
-    return out + bias.broadcast_along(1, height).broadcast_along(2, width).broadcast_along(0, batch)
+    return conv2d(x, weight, bias, stride=1, padding=1)
 
 
 def _max_pool(x, size):
-    try:
-        from topos.nn.functional import max_pool
-    except ImportError:
-        max_pool = None
-    if max_pool is not None:
-        return max_pool(x, size)
-    windows = x.unfold(2, size, size).unfold(4, size, size)
-    batch, channels, oh, _, ow, _ = windows.shape
-    lanes = windows.permute((0, 1, 2, 4, 3, 5)).reshape((batch, channels, oh, ow, size * size))
-    best = lanes.narrow(4, 0, 1)
-    for lane in range(1, size * size):
-        best = best.maximum(lanes.narrow(4, lane, 1))
-    return best.reshape((batch, channels, oh, ow))
+    return max_pool(x, size)
 
 
 def conv_net(batch: int = 16, channels: int = 3, side: int = 16, filters: int = 8, classes: int = 10,

@@ -72,6 +72,15 @@ class Pattern:
     executes: bool = True  # False for raise-only patterns (served by emission, not by NumPy)
 
     def discover(self, view: StructureView) -> list[Candidate]:
+        """Every match in the wanted closure; by default, ``_match`` tried at each node as a root."""
+        found = []
+        for n in sorted(view.wanted):
+            candidate = self._match(view, n)
+            if candidate is not None:
+                found.append(candidate)
+        return found
+
+    def _match(self, view: StructureView, root: int) -> Candidate | None:
         raise NotImplementedError
 
     def execute(self, candidate: Candidate, value, network, kernel_of):

@@ -78,14 +78,6 @@ class Convolution(Pattern):
     kind = "convolution"
     bit_identical = True
 
-    def discover(self, view: StructureView) -> list[Candidate]:
-        found = []
-        for n in sorted(view.wanted):
-            candidate = self._match(view, n)
-            if candidate is not None:
-                found.append(candidate)
-        return found
-
     def _match(self, view: StructureView, root: int) -> Candidate | None:
         if view.opcode(root) != "matmul":
             return None

@@ -37,14 +37,6 @@ class MaxPool(Pattern):
     kind = "max_pool"
     bit_identical = True
 
-    def discover(self, view: StructureView) -> list[Candidate]:
-        found = []
-        for n in sorted(view.wanted):
-            candidate = self._match(view, n)
-            if candidate is not None:
-                found.append(candidate)
-        return found
-
     def _match(self, view: StructureView, root: int) -> Candidate | None:
         if view.opcode(root) != "reshape":
             return None
