@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -53,6 +54,7 @@ class Workload:
     weights: dict  # parameter name -> Symbol (insertion order is recording order)
     feeds: dict  # input Symbol -> array
     named_feeds: dict  # input name -> array (tokens as int64 indices for the GPT)
+    inputs: dict  # input name -> Symbol
     learning_rate: float = LEARNING_RATE
 
     def named_parameters(self, parameters=None) -> dict:
@@ -76,7 +78,8 @@ def _finish(name, kind, config, build, learning_rate=LEARNING_RATE) -> Workload:
         name=name, kind=kind, config=config, forward=forward, trained=trained, loss=loss,
         adjoints=adjoints.detach(), updates=updates.detach(), parameters=forward.parameters(),
         weights=weights, feeds={symbol: array for symbol, array in inputs.values()},
-        named_feeds={key: array for key, (_, array) in inputs.items()}, learning_rate=learning_rate,
+        named_feeds={key: array for key, (_, array) in inputs.items()},
+        inputs={key: symbol for key, (symbol, _) in inputs.items()}, learning_rate=learning_rate,
     )
 
 
@@ -105,7 +108,7 @@ def mlp(config: MlpConfig = MlpConfig(), seed: int = 0) -> Workload:
     images = rng.standard_normal((batch, sizes[0])).astype(np.float32)
     labels = _one_hot(rng.integers(0, sizes[-1], batch), sizes[-1])
     initial = {}
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for layer, (fan_in, fan_out) in enumerate(pairwise(sizes)):
         initial[f"w{layer}"] = (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(np.float32)
         initial[f"b{layer}"] = np.zeros(fan_out, np.float32)
 
@@ -137,6 +140,10 @@ class GptConfig:
     context: int = 64
     vocabulary: int = 65
     batch: int = 8
+    # "gather": the token table picked by a fed selection (its gradient is a scatter);
+    # "one-hot": a fed one-hot [batch * context, vocabulary] matrix times the table, the
+    # same numbers without gather/scatter (a diagnostic for the compiled benchmark).
+    embedding: str = "gather"
 
 
 def causal_mask(context: int) -> np.ndarray:
@@ -206,18 +213,26 @@ def gpt(config: GptConfig = GptConfig(), seed: int = 0) -> Workload:
     """A small GPT: tied token embedding, learned positions, pre-norm blocks, exact GELU."""
     if config.width % config.heads:
         raise ValueError(f"width {config.width} is not divisible by {config.heads} heads")
+    if config.embedding not in ("gather", "one-hot"):
+        raise ValueError(f"embedding {config.embedding!r} is neither 'gather' nor 'one-hot'")
     rng = np.random.default_rng(seed)
     b, t, v = config.batch, config.context, config.vocabulary
     initial = gpt_initial(config, rng)
     stream = rng.integers(0, v, (b, t + 1))
     tokens, labels = stream[:, :-1], _one_hot(stream[:, 1:].reshape(-1), v)
 
+    one_hot = config.embedding == "one-hot"
+    fed_tokens = _one_hot(tokens.reshape(-1), v) if one_hot else tokens
+
     def build(tape):
-        token_input = tape.input(topos.selection(tokens, v))
+        token_input = tape.input(fed_tokens if one_hot else topos.selection(tokens, v))
         targets = tape.input(labels)
         w = {name: tape.parameter(array) for name, array in initial.items()}
         mask = tape.leaf(causal_mask(t)).broadcast_along(0, config.heads).broadcast_along(0, b)
-        embedded = w["token_embedding"].gather(token_input)  # [b, t, d]
+        if one_hot:
+            embedded = (token_input @ w["token_embedding"]).reshape((b, t, config.width))
+        else:
+            embedded = w["token_embedding"].gather(token_input)  # [b, t, d]
         positions = w["position_embedding"].broadcast_along(0, b)
         x = (embedded + positions).reshape((b * t, config.width))
         for layer in range(config.layers):
@@ -228,10 +243,10 @@ def gpt(config: GptConfig = GptConfig(), seed: int = 0) -> Workload:
         x = _layer_norm(x, w["ln_f.gain"], w["ln_f.bias"])
         logits = x @ w["token_embedding"].permute((1, 0))  # tied: [b*t, d] @ [d, v]
         loss = _cross_entropy(logits, targets, b * t)
-        return loss, w, {"tokens": (token_input, tokens), "targets": (targets, labels)}
+        return loss, w, {"tokens": (token_input, fed_tokens), "targets": (targets, labels)}
 
     name = (f"GPT {config.layers}x{config.width}, {config.heads} heads, context {t}, "
-            f"vocab {v}, batch {b}")
+            f"vocab {v}, batch {b}" + (", one-hot embedding" if one_hot else ""))
     return _finish(name, "gpt", config, build)
 
 

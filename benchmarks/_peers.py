@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
-
 from _gpt import EPS, Workload, causal_mask
 
 
@@ -68,7 +67,11 @@ def _mlp_loss(ops: _Ops, p: dict, f: dict, layers: int):
 def _gpt_loss(ops: _Ops, p: dict, f: dict, config, mask):
     b, t, d, h = config.batch, config.context, config.width, config.heads
     head = d // h
-    x = (ops.take_rows(p["token_embedding"], f["tokens"]) + p["position_embedding"]).reshape(b * t, d)
+    if config.embedding == "one-hot":
+        embedded = (f["tokens"] @ p["token_embedding"]).reshape(b, t, d)
+    else:
+        embedded = ops.take_rows(p["token_embedding"], f["tokens"])
+    x = (embedded + p["position_embedding"]).reshape(b * t, d)
     for layer in range(config.layers):
         q_ = f"h{layer}."
         a = ops.layer_norm(x, p[q_ + "ln1.gain"], p[q_ + "ln1.bias"])
@@ -155,7 +158,7 @@ def jax_peer(workload: Workload) -> Peer:
     seconds = time.perf_counter() - began
     try:
         kernels = _count_kernels(compiled.as_text())
-    except Exception:  # the text form is informational only
+    except Exception:  # noqa: BLE001  (the text form is informational only)
         kernels = None
 
     def step(state):
@@ -172,7 +175,7 @@ def jax_peer(workload: Workload) -> Peer:
 
 def _jax_feeds(workload: Workload) -> dict:
     feeds = dict(workload.named_feeds)
-    if "tokens" in feeds:
+    if "tokens" in feeds and feeds["tokens"].dtype.kind in "iu":
         feeds["tokens"] = feeds["tokens"].astype(np.int32)  # JAX without x64 indexes with int32
     return feeds
 
@@ -236,6 +239,6 @@ def available() -> dict:
         try:
             importlib.import_module(name)
             found[name] = builder
-        except Exception as error:  # ImportError, or a broken install
+        except Exception as error:  # noqa: BLE001  (ImportError, or a broken install failing its own way)
             found[name] = f"{name} is not importable ({error.__class__.__name__}: {error})"
     return found

@@ -50,25 +50,25 @@ if not ALL_THREADS:
         os.environ[variable] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Callable  # noqa: E402
+import argparse
+import gc
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import topos  # noqa: E402
-from topos import Numerics  # noqa: E402
+from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
+from _peers import available
 
-from _gpt import Workload, mlp_m, mlp_s, small_gpt  # noqa: E402
-from _peers import available  # noqa: E402
+import topos
+from topos import Numerics
 
 MODELS = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}
 COLUMNS = ("topos IREE", "jax.jit", "PyTorch", "oracle", "FAST plan")
@@ -190,7 +190,7 @@ def iree_dispatches(compiled) -> int | None:
 
         text = compile_str(compiled.stablehlo, extra_args=[*compiled.flags, "--compile-to=stream"])
         return (text.decode() if isinstance(text, bytes) else text).count("stream.cmd.dispatch")
-    except Exception:  # informational only
+    except Exception:  # noqa: BLE001  (a count for the diagnostics table, never a reason to stop)
         return None
 
 
@@ -235,9 +235,40 @@ def module_runners(compiled, workload: Workload) -> dict[str, Runner]:
     state = compiled.resident(workload.parameters)
     host = compiled._arguments(None, workload.feeds, resident=state)
     device = [a if not isinstance(a, np.ndarray) else rt.asdevicearray(compiled._device, a) for a in host]
-    unused = lambda: None  # noqa: E731  (diagnostic runners are not checked for agreement)
-    return {"module, host batch": Runner(lambda: function(*host), unused),
-            "module, device batch": Runner(lambda: function(*device), unused)}
+    # Diagnostic runners are timed only; their ``first`` is never called.
+    return {"module, host batch": Runner(lambda: function(*host), lambda: None),
+            "module, device batch": Runner(lambda: function(*device), lambda: None)}
+
+
+WHAT_IF_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+
+
+def standalone_module(stablehlo: str, flags, arguments) -> Runner:
+    """StableHLO compiled with ``flags`` into its own local-sync context, called on device copies of ``arguments``."""
+    import iree.runtime as rt
+    from topos.dialect.compiled import compile_stablehlo
+
+    vmfb = compile_stablehlo(stablehlo, flags)
+    config = rt.Config("local-sync")
+    context = rt.SystemContext(config=config)
+    module = rt.VmModule.copy_buffer(context.instance, vmfb)
+    context.add_vm_module(module)
+    function = context.modules[module.name]["main"]
+    on_device = [rt.asdevicearray(config.device, np.asarray(a)) for a in arguments]
+    return Runner(lambda: function(*on_device), lambda: None)
+
+
+def what_if_runners(compiled, workload: Workload) -> dict[str, Runner]:
+    """Diagnostics: the same step under other IREE flags, and the GPT without its gather/scatter."""
+    arguments = compiled._arguments(workload.parameters, workload.feeds)
+    runners = {"what-if flags": standalone_module(compiled.stablehlo, [*compiled.flags, *WHAT_IF_FLAGS], arguments)}
+    if workload.kind == "gpt" and workload.config.embedding == "gather":
+        variant = gpt(replace(workload.config, embedding="one-hot"))
+        plan = variant.trained.entry(variant.updates.roots(variant.loss)).lower()
+        other = plan.compile("llvm-cpu", cache=False)
+        runners["what-if one-hot"] = standalone_module(
+            other.stablehlo, other.flags, other._arguments(variant.parameters, variant.feeds))
+    return runners
 
 
 def agreement(results: dict[str, tuple[float, dict]], reference: str = "oracle") -> dict[str, tuple[float, float]]:
@@ -268,21 +299,21 @@ def _s(seconds: float | None) -> str:
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table with right-aligned numeric columns."""
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                           for i, (c, w) in enumerate(zip(cells, widths))) + " |"
     rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule] + [line(r) for r in rows])
 
 
 def versions() -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}",
              f"iree-base-compiler {version('iree-base-compiler')}", f"iree-base-runtime {version('iree-base-runtime')}"]
     for name in ("jax", "jaxlib", "torch"):
         try:
             parts.append(f"{name} {version(name)}")
-        except Exception:
+        except PackageNotFoundError:
             parts.append(f"{name} not installed")
     return ", ".join(parts)
 
@@ -335,7 +366,7 @@ def main() -> None:
             print(f"skipped {name}: {builder}")
     print()
 
-    wall_rows, cpu_rows, compile_rows, diagnostic_rows, check_rows, counts = [], [], [], [], [], []
+    wall_rows, cpu_rows, compile_rows, diagnostic_rows, what_if_rows, check_rows, counts = [], [], [], [], [], [], []
     for key in chosen:
         workload = MODELS[key]()
         compiled, first, hit, stages = compile_topos(workload)
@@ -352,7 +383,7 @@ def main() -> None:
         checks = agreement({name: runner.first() for name, runner in runners.items()})
 
         steps = dict(STEPS_PER_ROUND[key])
-        modules = module_runners(compiled, workload)
+        modules = {**module_runners(compiled, workload), **what_if_runners(compiled, workload)}
         steps.update({name: steps["topos IREE"] for name in modules})
         timing = measure({**runners, **modules}, steps, args.rounds)
         wall, cpu = timing["topos IREE"].wall, timing["topos IREE"].cpu
@@ -368,6 +399,9 @@ def main() -> None:
             workload.name, f"{workload.volume():,}", str(len(workload.trained)), str(len(compiled.plan.schedule)),
             "—" if dispatches is None else str(dispatches), "—" if jax_kernels is None else str(jax_kernels),
             _ms(cpu), _ms(host.cpu), _ms(device.cpu), _ms(cpu - host.cpu)])
+        what_if_rows.append([
+            workload.name, _ms(device.cpu), _cell(timing["what-if flags"].cpu, device.cpu, False),
+            _cell(timing["what-if one-hot"].cpu, device.cpu, False) if "what-if one-hot" in timing else "—"])
         check_rows.append([workload.name] + [f"{checks[c][0]:.1e} / {checks[c][1]:.1e}" if c in checks else "—"
                                              for c in COLUMNS])
         del runners, modules, compiled  # release device buffers before the next model
@@ -384,7 +418,11 @@ def main() -> None:
                 compile_rows))
     print("\ndiagnostics: where the topos IREE step goes (CPU ms; 'module' calls the IREE function directly)\n")
     print(table(["model", "parameters", "spec nodes", "plan nodes", "IREE dispatches", "XLA kernels",
-                 "topos step", "module, host batch", "module, device batch", "topos Python"], diagnostic_rows))
+                 "topos step", "module, host batch", "module, device batch", "step minus module"], diagnostic_rows))
+    print("\nwhat if (CPU ms of the module alone, batch on the device; in parentheses the ratio to 'as compiled'): "
+          f"IREE flags {' '.join(WHAT_IF_FLAGS)} added; the GPT with a one-hot matmul embedding "
+          "instead of gather, so its gradient needs no scatter\n")
+    print(table(["model", "as compiled", "+ data tiling, ukernels", "one-hot embedding"], what_if_rows))
     print("\nagreement after one step from the same parameters, against the oracle: "
           "relative loss difference / worst scale-relative parameter difference\n")
     print(table(["model"] + list(COLUMNS), check_rows))

@@ -65,8 +65,10 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     started = time.perf_counter()
     text, stage_times = plan._stablehlo_with_timings()
     timings.update(stage_times)
+    # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
+    timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
     uses_f64 = "f64" in text
-    flags = flags_for(chosen, uses_f64, cpu)
+    flags = flags_for(chosen, uses_f64, cpu, uses_bf16="bf16" in text)
     store = CompileCache() if cache is True else (cache or None)
     entry_key = key(text, chosen.name, flags, compiler_version())
     vmfb = store.load(entry_key) if store is not None else None
@@ -143,9 +145,8 @@ class CompiledPlan:
 
     def forward(self, parameters, feeds=None) -> "CompiledRun":
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
-        function = self._load()
-        args = self._arguments(parameters, feeds)
-        return CompiledRun(self, self._call(function, args))
+        args = self._arguments(parameters, feeds)  # checked before the device is touched
+        return CompiledRun(self, self._call(self._load(), args))
 
     def _call(self, function, args) -> tuple:
         """Invoke the module; IREE's failures become ToposErrors that say what happened."""
@@ -158,9 +159,8 @@ class CompiledPlan:
         """Copy a Parameters table to the device once; ``step`` keeps it there."""
         import iree.runtime as rt
 
+        bound = bind_parameters(self.plan.network, parameters, set(self.arguments))
         self._load()
-        network = self.plan.network
-        bound = bind_parameters(network, parameters, set(self.arguments))
         try:
             arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
         except Exception as error:
@@ -173,14 +173,15 @@ class CompiledPlan:
         ``updates`` maps each parameter to the node holding its next value
         (``topos.sgd(...)`` records one); those nodes must be entry results.
         """
-        function = self._load()
-        outputs = self._call(function, self._arguments(None, feeds, resident=state))
-        run = CompiledRun(self, outputs)
         position = {n: k for k, n in enumerate(self.results)}
-        arrays = dict(state._device_arrays)
         for parameter, new in updates.pairs():
             if new.index not in position:
                 raise FeedError(f"update {new!r} of {parameter!r} is not a result of this plan's entry")
+        args = self._arguments(None, feeds, resident=state)
+        outputs = self._call(self._load(), args)
+        run = CompiledRun(self, outputs)
+        arrays = dict(state._device_arrays)
+        for parameter, new in updates.pairs():
             arrays[parameter.index] = outputs[position[new.index]]
         return ResidentParameters(state._template, arrays), run
 
@@ -279,6 +280,16 @@ class ResidentParameters:
     def __init__(self, template, device_arrays: dict):
         self._template = template
         self._device_arrays = device_arrays
+
+    def device(self, symbol):
+        """The parameter's array on the device (an IREE DeviceArray; no host copy)."""
+        from topos.errors import SymbolError
+
+        self._template._slot(symbol)  # a SymbolError for a symbol of another network
+        index = symbol.index
+        if index not in self._device_arrays:
+            raise SymbolError(f"{symbol!r} is not a parameter the compiled plan reads")
+        return self._device_arrays[index]
 
     def to_host(self):
         """Copy back to a host Parameters table (the only host transfer of the training loop)."""

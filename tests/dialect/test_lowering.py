@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from iree.compiler import ir
@@ -20,7 +17,6 @@ from topos.dialect.pipeline import lower_in_place, lowering_coverage, to_stableh
 from ._hlo_eval import CASES, ELEMENT_IDS, ELEMENTS, data, emitted
 from .graphs import every_opcode
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lowered(case, dtype) -> str:
@@ -154,14 +150,3 @@ def test_an_unknown_map_function_is_reported_not_guessed():
         module = ir.Module.parse(text)
         with pytest.raises(LoweringError, match="unknown function 'gamma'"):
             run_pipeline(module, [PASS_NAME], verify_each=False)
-
-
-# ---- the lit tests in lit_tests/lowering -------------------------------------------------
-
-
-def test_lit_lowering_tests_pass():
-    # One FileCheck test per lowering rule, plus iree-compile on the pipeline's output.
-    lit = Path(sys.executable).parent / "lit"
-    done = subprocess.run([str(lit), "-q", str(ROOT / "lit_tests" / "lowering")],
-                          check=False, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
