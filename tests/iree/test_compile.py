@@ -1,0 +1,216 @@
+"""plan.compile for llvm-cpu: runs readable by symbol, device-resident training, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import topos
+from topos import FeedError, SymbolError, Tape, ToposError
+from topos.dialect import conformance
+from topos.dialect.cache import key
+from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, compiler_version
+
+from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401
+
+HERE = Path(__file__).resolve().parent
+EPS = {topos.float32: 2.0**-23, topos.float64: 2.0**-52, topos.bfloat16: 2.0**-7}
+
+
+def _walkthrough(dtype):
+    """The README's graph with its recorded gradient, in ``dtype``."""
+
+    def model(tape):
+        w = tape.parameter(np.array([[0.5, -0.25], [0.75, 1.0]], dtype))
+        x = tape.input(np.array([[1.0, 2.0]], dtype))
+        loss = ((x @ w).tanh() ** 2.0).sum()
+        return w, x, loss, tape.differentiate(loss, [w]).gradients[0]
+
+    return Tape.record(model)
+
+
+def _within(got, want, dtype, what=""):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    bound = conformance.END_TO_END_ULPS * EPS[np.dtype(dtype)] * np.max(np.abs(want))
+    assert np.max(np.abs(got - want)) <= bound, f"{what}: {got} vs {want}"
+
+
+@pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
+def test_plan_compiles_and_its_run_is_readable_by_symbol(dtype):
+    network, (w, x, loss, gradient) = _walkthrough(dtype)
+    compiled = network.entry([loss, gradient]).lower().compile("llvm-cpu")
+    feeds = {x: np.array([[-1.5, 0.25]], dtype)}
+    run = compiled.forward(network.parameters(), feeds)
+    assert isinstance(run, CompiledRun)
+    oracle = network.forward(network.parameters(), feeds)
+    for symbol in (loss, gradient):
+        assert run[symbol].dtype == np.dtype(dtype) and run[symbol].shape == oracle[symbol].shape
+        assert not run[symbol].flags.writeable
+        _within(run[symbol], oracle[symbol], dtype, repr(symbol))
+
+
+def test_reading_an_undeclared_or_foreign_symbol_raises():
+    network, (w, x, loss, gradient) = _walkthrough(np.float32)
+    run = network.entry([loss]).lower().compile("llvm-cpu").forward(network.parameters())
+    with pytest.raises(SymbolError, match="not a declared result"):
+        run[gradient]
+    with pytest.raises(SymbolError, match="not a declared result"):
+        run[x]  # an input exists in the run's arguments but was not declared
+    other, (_, _, other_loss, _) = _walkthrough(np.float32)
+    with pytest.raises(SymbolError, match="another tape"):
+        run[other_loss]
+
+
+def test_training_step_keeps_parameters_on_the_device_until_to_host():
+    import iree.runtime as rt
+
+    step = mlp_step()
+    compiled = step.entry().lower().compile("llvm-cpu")
+    parameters = step.network.parameters()
+    state = compiled.resident(parameters)
+    assert isinstance(state, ResidentParameters)
+    symbols = step.network.parameter_symbols()
+    for _ in range(3):
+        state, run = compiled.step(state, batch_feeds(step, 0), step.updates)
+        for parameter, new in step.updates.pairs():
+            array = state.device(parameter)
+            assert isinstance(array, rt.DeviceArray)
+            assert array is run.device(new)  # the step's own output, handed on as is
+            assert not array.is_host_accessible  # never copied or mapped to the host
+    host = state.to_host()
+    assert all(state.device(s).is_host_accessible for s in symbols)  # to_host is the transfer
+    assert isinstance(host, topos.Parameters) and set(host.symbols()) == set(symbols)
+    with pytest.raises(SymbolError):
+        state.device(step.loss)
+
+
+@pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
+def test_compiled_training_steps_match_oracle_steps(dtype):
+    """N steps of compiled.step against N of network.forward + run.backward + SGD in NumPy."""
+    steps = 5
+    step = mlp_step(dtype)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    rate = np.asarray(step.learning_rate, dtype)
+    parameters = step.network.parameters()
+    state = compiled.resident(parameters)
+    for k in range(steps):
+        feeds = batch_feeds(step, k)
+        state, run = compiled.step(state, feeds, step.updates)
+        oracle = step.network.forward(parameters, feeds)
+        gradients = oracle.backward(step.loss).parameters(parameters)
+        _within(run[step.loss], oracle[step.loss], dtype, f"loss at step {k}")
+        parameters = parameters.step(gradients, lambda p, g: (p - rate * g).astype(dtype))
+        for parameter, new in step.updates.pairs():  # the recorded SGD is the NumPy SGD, bit for bit
+            assert oracle[new].tobytes() == parameters[parameter].tobytes()
+    compiled_parameters = state.to_host()
+    for symbol in step.network.parameter_symbols():
+        _within(compiled_parameters[symbol], parameters[symbol], dtype, f"{symbol!r} after {steps} steps")
+
+
+# ---- bad input: a clear error or a rebuild, never a crash ----------------------------------------
+
+
+def test_unknown_target_raises_a_target_error_listing_the_targets():
+    network, (w, x, loss, gradient) = _walkthrough(np.float32)
+    with pytest.raises(TargetError, match="unknown target 'tpu'.*llvm-cpu.*cuda.*vulkan.*metal.*rocm"):
+        network.entry([loss]).lower().compile("tpu")
+
+
+def test_a_driver_the_runtime_lacks_raises_a_target_error():
+    network, (w, x, loss, gradient) = _walkthrough(np.float32)
+    compiled = network.entry([loss]).lower().compile("llvm-cpu", driver="no-such-driver")
+    with pytest.raises(TargetError, match="no 'no-such-driver' driver"):
+        compiled.forward(network.parameters())
+
+
+@functools.lru_cache(maxsize=None)
+def _guarded():
+    """A compiled walkthrough whose IREE call is replaced by a tripwire, to prove checks come first."""
+    network, (w, x, loss, gradient) = _walkthrough(np.float32)
+    compiled = network.entry([loss, gradient]).lower().compile("llvm-cpu")
+    return network, w, x, loss, gradient, compiled
+
+
+@pytest.mark.parametrize("feed, message", [
+    (np.zeros((2, 2), np.float32), r"expects shape \[1, 2\], got \[2, 2\]"),
+    (np.zeros((1, 2), np.float64), "expects element type f32, got float64"),
+    ([[1.0, "two"]], "does not convert"),
+])
+def test_a_wrong_feed_raises_a_feed_error_before_reaching_iree(monkeypatch, feed, message):
+    network, w, x, loss, gradient, compiled = _guarded()
+
+    def tripwire(*_):
+        raise AssertionError("the bad feed reached IREE")
+
+    monkeypatch.setattr(compiled, "_call", tripwire)
+    with pytest.raises(FeedError, match=message):
+        compiled.forward(network.parameters(), {x: feed})
+    with pytest.raises(FeedError, match="not an input"):
+        compiled.forward(network.parameters(), {w: np.zeros((2, 2), np.float32)})
+
+
+def test_a_wrong_parameter_table_raises_before_reaching_iree(monkeypatch):
+    network, w, x, loss, gradient, compiled = _guarded()
+    monkeypatch.setattr(compiled, "_call", lambda *_: pytest.fail("reached IREE"))
+    other, _ = _walkthrough(np.float32)
+    with pytest.raises(SymbolError, match="another network"):
+        compiled.forward(other.parameters())
+    with pytest.raises(FeedError, match="expected a Parameters table"):
+        compiled.resident({w: np.zeros((2, 2), np.float32)})
+    with pytest.raises(FeedError, match="expected a Parameters table"):
+        compiled.forward(None)
+
+
+def test_an_update_that_is_not_a_result_raises_before_the_step_runs(monkeypatch):
+    step = mlp_step()
+    compiled = step.network.entry([step.loss]).lower().compile("llvm-cpu")
+    state = compiled.resident(step.network.parameters())
+    monkeypatch.setattr(compiled, "_call", lambda *_: pytest.fail("reached IREE"))
+    with pytest.raises(FeedError, match="not a result of this plan's entry"):
+        compiled.step(state, {}, step.updates)
+
+
+def test_a_corrupt_cache_entry_is_rebuilt(compile_cache):
+    network, (w, x, loss, gradient) = _walkthrough(np.float32)
+    plan = network.entry([loss]).lower()
+    built = plan.compile("llvm-cpu")
+    entry = compile_cache / f"{key(built.stablehlo, 'llvm-cpu', built.flags, compiler_version())}.vmfb"
+    assert entry.exists()
+    entry.write_bytes(entry.read_bytes()[:100])
+    rebuilt = plan.compile("llvm-cpu")
+    assert not rebuilt.cache_hit and rebuilt.vmfb == built.vmfb
+    assert rebuilt.forward(network.parameters())[loss] == built.forward(network.parameters())[loss]
+    assert plan.compile("llvm-cpu").cache_hit
+
+
+def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):
+    """A 256 GiB result on the CPU device: IREE's RESOURCE_EXHAUSTED becomes a DeviceMemoryError.
+
+    Runs in a child process whose address space is capped at 16 GiB, so the
+    allocation fails at once even where the kernel overcommits memory.
+    """
+    script = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+        import numpy as np
+        from topos import Tape
+        from topos.dialect.compiled import DeviceMemoryError
+        network, big = Tape.record(lambda tape: tape.input(np.ones((1,), np.float32)).broadcast((1 << 36,)))
+        compiled = network.entry([big]).lower().compile("llvm-cpu")
+        try:
+            compiled.forward(network.parameters())
+        except DeviceMemoryError as error:
+            print("DeviceMemoryError:", error)
+    """)
+    env = {**__import__("os").environ, "TOPOS_CACHE_DIR": str(compile_cache)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DeviceMemoryError: the llvm-cpu device (local-sync) ran out of memory" in done.stdout, done.stdout
+    assert "RESOURCE_EXHAUSTED" in done.stdout
+    assert issubclass(DeviceMemoryError, ToposError) and issubclass(DeviceMemoryError, MemoryError)
