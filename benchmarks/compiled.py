@@ -24,14 +24,17 @@ mask), sets OPENBLAS/OMP/MKL_NUM_THREADS=1 and
 
 Columns are measured in interleaved rounds (each round times a few steps
 of every column), so a change in machine load lands on every column
-alike; each cell is the median over all timed steps after warm-up.
-Ratios are each column's time over the topos IREE step's (above 1: we are
-faster). Compile times: the topos plan lowered and compiled into an empty
-cache directory, then compiled again from that cache, and jax.jit's lower
-+ compile. A diagnostics table splits the IREE step into the module's
-own time and the Python around it, and counts kernels. The benchmark
-also checks (and prints) that every column's first step gives the same
-loss and parameters within float32 tolerance. It never asserts timings.
+alike; each cell is the median over all timed steps after warm-up, on
+the wall clock and in process CPU time (all threads; the clock to
+compare on a shared machine). Ratios are each column's time over the
+topos IREE step's (above 1: we are faster). Compile times: the topos
+plan lowered and compiled into an empty cache directory, then compiled
+again from that cache, and jax.jit's lower + compile. A diagnostics
+table splits the IREE step into the module's own time and what
+surrounds it and counts kernels; a what-if table times the module under
+extra IREE flags and the GPT without gather/scatter. The benchmark also
+checks (and prints) that every column's first step gives the same loss
+and parameters within float32 tolerance. It never asserts timings.
 
 Run: python benchmarks/compiled.py [--rounds N] [--models mlp-s,mlp-m,gpt] [--all-threads]
 """
