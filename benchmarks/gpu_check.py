@@ -32,18 +32,18 @@ import os
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-import argparse  # noqa: E402
+import argparse
 import statistics
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import sys
+import tempfile
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
+from topos.dialect import conformance
+from topos.dialect.targets import target as find_target
 
-import topos  # noqa: E402
-from topos import Numerics, Tape  # noqa: E402
-from topos.dialect import conformance  # noqa: E402
-from topos.dialect.targets import target as find_target  # noqa: E402
+import topos
+from topos import Numerics, Tape
 
 DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
 
@@ -51,7 +51,7 @@ DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table with right-aligned numeric columns."""
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                           for i, (c, w) in enumerate(zip(cells, widths))) + " |"
     rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule] + [line(r) for r in rows])
@@ -86,7 +86,7 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
             try:
                 result = conformance.run_family(name, dtype, target, cache=False)
             except topos.ToposError as error:
-                rows.append([name, short, "-", "-", "-", f"not run: {str(error).splitlines()[0][:90]}"])
+                rows.append([name, short, "-", "-", "-", "not run: " + " ".join(str(error).split())[:110]])
                 continue
             bad = result.unexplained()
             failures += len(bad)

@@ -101,4 +101,23 @@ def chain(length: int = 5000):
     return network, (loss,), ()
 
 
-GRAPHS = {"walkthrough": walkthrough, "mlp": mlp, "every_opcode": every_opcode}
+def conv_net():
+    """A small conv net: conv2d, relu, max_pool, batch_norm; for the fuse/elect/raise passes."""
+    from topos.nn import functional as F
+
+    rng = np.random.default_rng(3)
+
+    def model(tape):
+        x = tape.input(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+        w = tape.parameter((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32))
+        b = tape.parameter(np.zeros(4, np.float32))
+        pooled = F.max_pool(F.conv2d(x, w, b, padding=1).relu(), 2)
+        scale, shift = tape.parameter(np.ones(36, np.float32)), tape.parameter(np.zeros(36, np.float32))
+        out, mean, variance = F.batch_norm(pooled.reshape((2, 36)), scale, shift)
+        return (out * out).sum()
+
+    network, loss = Tape.record(model)
+    return network, (loss,), ()
+
+
+GRAPHS = {"walkthrough": walkthrough, "mlp": mlp, "every_opcode": every_opcode, "conv_net": conv_net}

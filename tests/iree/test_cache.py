@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from topos import Tape
+from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 from topos.dialect.cache import CompileCache, default_directory, key
 from topos.dialect.compiled import compiler_version
 
-from iree_support import compile_cache  # noqa: F401  (autouse fixture)
+from topos import Tape
 
 HERE = Path(__file__).resolve().parent
 

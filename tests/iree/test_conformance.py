@@ -18,9 +18,7 @@ import functools
 
 import numpy as np
 import pytest
-
-import topos
-from topos import MAP_FUNCTIONS, OPCODES
+from iree_support import ELEMENT_PARAMETERS, HAS_LINKER, compile_cache  # noqa: F401  (autouse fixture)
 from topos.dialect import conformance
 from topos.dialect.conformance import (
     BIT_EXACT,
@@ -36,7 +34,8 @@ from topos.dialect.conformance import (
     is_bit_exact,
 )
 
-from iree_support import ELEMENT_PARAMETERS, HAS_LINKER, compile_cache  # noqa: F401  (autouse fixture)
+import topos
+from topos import MAP_FUNCTIONS, OPCODES
 
 TARGET = "llvm-cpu"
 
@@ -45,7 +44,7 @@ ISSUE_BIT_EXACT = ("add", "sub", "mul", "div", "neg", "map:sqrt", "maximum", "re
                    "pad", "broadcast", "broadcast_along")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def family(name: str, dtype_name: str) -> conformance.FamilyResult:
     """One compiled and graded family, shared by every test of this module."""
     return conformance.run_family(name, np.dtype(dtype_name), TARGET)

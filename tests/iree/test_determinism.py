@@ -7,13 +7,12 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from iree_support import batch_feeds, compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
 CALLS = 100
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step():
     return mlp_step(batch=32, sizes=(24, 32, 6))
 
@@ -26,7 +25,7 @@ def _digest(run, symbols) -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _digests(driver: str) -> frozenset:
     step = _step()
     compiled = step.entry().lower().compile("llvm-cpu", driver)

@@ -19,26 +19,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import topos
-from topos import Tape
+from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 from topos.dialect import conformance
 from topos.dialect.compiled import TargetError
 from topos.dialect.targets import TARGETS
 
-from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
+import topos
+from topos import Tape
 
 GPU_TARGETS = ("cuda", "vulkan", "metal", "rocm")
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 HERE = Path(__file__).resolve().parent
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step():
     return mlp_step()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled_for(name: str):
     """The MLP training step compiled for ``name`` with the cache off (the compiler really runs)."""
     return _step().entry().lower().compile(name, cache=False)
