@@ -143,7 +143,7 @@ def test_concurrent_processes_compiling_one_module_both_succeed_and_leave_one_va
     assert len(values) == 1
     entries = list(tmp_path.iterdir())
     assert len(entries) == 1 and entries[0].suffix == ".vmfb", entries  # no partial files left behind
-    network, out, plan = _plan()
+    _, _, plan = _plan()
     assert CompileCache(tmp_path).load(entries[0].stem) is not None
     assert plan.compile("llvm-cpu", cache=CompileCache(tmp_path)).cache_hit
     assert compiler_version().startswith("iree-base-compiler")

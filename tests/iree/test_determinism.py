@@ -52,7 +52,7 @@ def test_resident_steps_repeat_bit_for_bit():
     for _ in range(2):
         state = compiled.resident(step.network.parameters())
         for k in range(5):
-            state, run = compiled.step(state, batch_feeds(step, k), step.updates)
+            state, _ = compiled.step(state, batch_feeds(step, k), step.updates)
         host = state.to_host()
         finals.append(b"".join(np.ascontiguousarray(host[s]).tobytes() for s in host.symbols()))
     assert finals[0] == finals[1]
