@@ -4,7 +4,7 @@ A prepared script for a machine with an NVIDIA GPU (it runs in well under
 five minutes there). It first checks that ``iree.runtime`` has a working
 ``cuda`` driver and device; without one it prints why and exits 0. Then:
 
-1. Conformance: every family of ``topos.dialect.conformance`` (every
+1. Conformance: every family of ``topos.dialect.conformance_cases`` (every
    opcode, forward and recorded gradient) in float32, float64 and
    bfloat16, compiled for the target, run once with every node observed,
    each node graded against the oracle kernel on its operands within the
@@ -39,11 +39,11 @@ import tempfile
 import time
 
 import numpy as np
-from topos.dialect import conformance
-from topos.dialect.targets import target as find_target
 
 import topos
 from topos import Numerics, Tape
+from topos.dialect import conformance_cases
+from topos.dialect.targets import target as find_target
 
 DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
 
@@ -84,7 +84,7 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
             dtype = DTYPES[short]
             started = time.perf_counter()
             try:
-                result = conformance.run_family(name, dtype, target, cache=False)
+                result = conformance_cases.run_family(name, dtype, target, cache=False)
             except topos.ToposError as error:
                 rows.append([name, short, "-", "-", "-", "not run: " + " ".join(str(error).split())[:110]])
                 continue
@@ -172,7 +172,7 @@ def benchmark(target: str, steps: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="cuda")
-    parser.add_argument("--families", default=",".join(conformance.FAMILIES))
+    parser.add_argument("--families", default=",".join(conformance_cases.FAMILIES))
     parser.add_argument("--dtypes", default="f32,f64,bf16")
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args(argv)
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         dtypes.remove("bf16")
     measured, failures = conformance_check(chosen.name, [f for f in args.families.split(",") if f], dtypes)
     print(f"\nworst deviation beside the envelope ({chosen.name}; '-' not measured or all known divergences):")
-    print(conformance.format_table(measured, chosen.name))
+    print(conformance_cases.format_table(measured, chosen.name))
     print(f"\nconformance: {'all nodes conform' if not failures else f'{failures} unexplained failures'} "
           f"({time.perf_counter() - started:.0f} s)\n")
     print("2. benchmark")

@@ -92,6 +92,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import ml_dtypes
@@ -207,6 +208,7 @@ def envelope(opcode_name: str, function: str | None, dtype, target: str = "llvm-
 
 
 def is_bit_exact(chosen: Envelope) -> bool:
+    """Whether an envelope demands the oracle's bits (``BIT_EXACT``)."""
     return chosen.ulps == 0 and not chosen.accumulates
 
 
@@ -429,6 +431,7 @@ def table_keys_expected() -> set[str]:
 # ---- grading a compiled run node by node ----------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class NodeReport:
     """One node's verdict: which node, what it is, which case recorded it, and its Deviation.
 

@@ -70,6 +70,7 @@ class Recorder:
         return np.exp2(self._rng((key, tuple(shape), "log", low, high)).uniform(low, high, shape)).astype(self.dtype)
 
     def input(self, array, differentiable: bool = True):
+        """An input of this element type; the family differentiates with respect to the ``differentiable`` ones."""
         value = self.tape.input(np.asarray(array, dtype=self.dtype))
         if differentiable:
             self.differentiable.append(value)
@@ -78,10 +79,9 @@ class Recorder:
     def uniform(self, shape, low: float = -2.0, high: float = 2.0, key: str = "", differentiable: bool = True):
         return self.input(self.data(shape, low, high, key), differentiable)
 
-    def specials(self, repeat: int = 1, shift: int = 0, differentiable: bool = False):
-        """An input holding SPECIALS (rotated by ``shift``), each value ``repeat`` times in a row."""
-        values = np.roll(np.array(SPECIALS, dtype=np.float64), shift)
-        return self.input(np.repeat(values, repeat).astype(self.dtype), differentiable)
+    def specials(self):
+        """A forward-only input holding SPECIALS."""
+        return self.input(np.array(SPECIALS), differentiable=False)
 
     def pairs(self):
         """Two forward-only inputs holding every (special, special) pair."""
@@ -91,6 +91,7 @@ class Recorder:
         return self.input(left, False), self.input(right, False)
 
     def selection(self, indices, extent: int, fed: bool = True):
+        """A selection: fed as an input, or recorded as a leaf."""
         chosen = topos.selection(indices, extent)
         return self.tape.input(chosen) if fed else self.tape.leaf(chosen)
 
@@ -111,9 +112,11 @@ class Case:
     gradient: bool = True
 
 
-def _binary(name: str, low=-2.0, high=2.0) -> tuple[Case, Case]:
+def _binary(name: str) -> tuple[Case, Case]:
+    """The opcode on seeded data (its gradient too), and forward-only on every pair of SPECIALS."""
+
     def regular(r):
-        a, b = r.uniform((4, 5), low, high, "a"), r.uniform((4, 5), low, high, "b")
+        a, b = r.uniform((4, 5), key="a"), r.uniform((4, 5), key="b")
         return getattr(a, name)(b)
 
     def specials(r):
@@ -345,9 +348,6 @@ def recorded_keys() -> set[str]:
     return keys
 
 
-@dataclass(frozen=True)
-
-
 # ---- what is known not to conform -------------------------------------------------------------
 
 
@@ -521,7 +521,7 @@ def format_table(measured: Mapping, target: str = "llvm-cpu") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m topos.dialect.conformance [target ...]: measure and print the table."""
+    """python -m topos.dialect.conformance_cases [target ...]: measure and print the table."""
     import sys
 
     targets = list(argv if argv is not None else sys.argv[1:]) or ["llvm-cpu"]

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from iree_support import compile_cache  # noqa: F401  (autouse fixture)
+
+from topos import Tape
 from topos.dialect.cache import CompileCache, default_directory, key
 from topos.dialect.compiled import compiler_version
 
-from topos import Tape
+from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,19 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401
-from topos.dialect import conformance
-from topos.dialect.cache import key
-from topos.dialect.compiled import (
-    CompiledRun,
-    DeviceMemoryError,
-    ResidentParameters,
-    TargetError,
-    compiler_version,
-)
 
 import topos
 from topos import FeedError, SymbolError, Tape, ToposError
+from topos.dialect import conformance
+from topos.dialect.cache import key
+from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, compiler_version
+
+from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
 HERE = Path(__file__).resolve().parent
 EPS = {topos.float32: 2.0**-23, topos.float64: 2.0**-52, topos.bfloat16: 2.0**-7}

@@ -7,6 +7,7 @@ import hashlib
 
 import numpy as np
 import pytest
+
 from iree_support import batch_feeds, compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
 CALLS = 100

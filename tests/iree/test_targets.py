@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
-from topos.dialect import conformance
-from topos.dialect.compiled import TargetError
-from topos.dialect.targets import TARGETS
 
 import topos
 from topos import Tape
+from topos.dialect import conformance, conformance_cases
+from topos.dialect.compiled import TargetError
+from topos.dialect.targets import TARGETS
+
+from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
 GPU_TARGETS = ("cuda", "vulkan", "metal", "rocm")
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
@@ -186,7 +187,7 @@ def test_vulkan_training_step_runs_on_lavapipe_node_by_node_within_the_envelope(
     sources = {n.index: oracle[n.symbol] for n in network.nodes() if n.is_source}
     reports = conformance.check_values(network, values, sources, "vulkan")
     assert len(reports) == len(values)
-    bad = [r for r in reports if not r.ok and conformance.divergence_of(r, "vulkan") is None]
+    bad = [r for r in reports if not r.ok and conformance_cases.divergence_of(r, "vulkan") is None]
     assert not bad, "\n".join(map(str, bad))
 
 
@@ -207,10 +208,10 @@ def test_vulkan_resident_steps_match_the_llvm_cpu_steps(lavapipe):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in conformance.FAMILIES if n != "index"])
+@pytest.mark.parametrize("name", [n for n in conformance_cases.FAMILIES if n != "index"])
 def test_vulkan_conformance_family_on_lavapipe(lavapipe, name):
     try:
-        result = conformance.run_family(name, topos.float32, "vulkan")
+        result = conformance_cases.run_family(name, topos.float32, "vulkan")
     except TargetError as error:
         pytest.skip(f"no working Vulkan device here: {error}")
     bad = result.unexplained()
@@ -223,4 +224,4 @@ def test_vulkan_conformance_family_on_lavapipe(lavapipe, name):
     "('failed to legalize unresolved target materialization from i64 to vector<2xi32>'); the "
     "lowering could emit selections as i32"))
 def test_vulkan_compiles_the_index_family():
-    conformance.record_family("index", topos.float32).entry().lower().compile("vulkan")
+    conformance_cases.record_family("index", topos.float32).entry().lower().compile("vulkan")
