@@ -372,26 +372,6 @@ class Divergence:
 
 DIVERGENCES: tuple[Divergence, ...] = (
     Divergence(
-        "pow-negative-base", ("llvm-cpu", "vulkan", "cuda", "rocm", "metal"),
-        "stablehlo.power as IREE compiles it returns NaN for a negative base with an integer exponent "
-        "((-2)**3 gives nan, not -8; (-inf)**3 nan, not -inf) and +0 for (-0)**3; the reference is C99 pow. "
-        "Fix belongs in the lowering (dialect/lowering.py _pow): |a|**b with the sign of a for odd integer b.",
-        cases=("pow/specials",)),
-    Divergence(
-        "f32-sin-small-negative", ("llvm-cpu", "vulkan"),
-        "IREE's float32 sin (MLIR's polynomial approximation) reduces the argument with "
-        "floor(x * 2/pi), so a small negative x is evaluated as a cosine near pi/2 and keeps only "
-        "an absolute error of ~6e-8: sin(-1e-20) returns +6.2e-8. Fix belongs in the lowering "
-        "(sin(x) = -sin(-x) for x < 0) or upstream MLIR.",
-        dtypes=("f32", "bf16"), cases=("sin/small",)),
-    Divergence(
-        "f64-log1p-expm1-naive", ("llvm-cpu",),
-        "IREE expands float64 log_plus_one and exponential_minus_one as log(1 + x) and exp(x) - 1 "
-        "(its polynomial approximations are float32 only), so small |x| loses every digit "
-        "(log1p(1e-10) = 1.00000008e-10). Fix belongs in the lowering: Kahan's forms "
-        "u = 1 + x; log(u) * x / (u - 1) and u = exp(x); (u - 1) * x / log(u).",
-        dtypes=("f64",), keys=("map:log1p", "map:expm1")),
-    Divergence(
         "bf16-elided-roundings", ("llvm-cpu",),
         "IREE's iree-convert-bf16-arith-to-f32 pass computes chains of bfloat16 operations in float32 "
         "without the intermediate roundings to bfloat16 (a consumer reads the unrounded float32 value, "

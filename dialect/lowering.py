@@ -270,8 +270,36 @@ def _exact(name: str) -> Callable[[_Node], ir.Value]:
 
 
 def _pow(node: _Node) -> ir.Value:
+    """C99 pow, which the reference follows: IREE's power gives NaN for a negative base and for 0**0.
+
+    Compute |a|**b, give it a's sign when b is an odd integer, NaN when a < 0
+    and b is not an integer, and 1 when b == 0, a == 1, or |a| == 1 and b is infinite.
+    """
     base, exponent = (_widened(x) for x in node.operands)
-    return _convert(_binary("stablehlo.power", base, exponent), node.element)
+    size = _unary("stablehlo.abs", base)
+    magnitude = _binary("stablehlo.power", size, exponent)
+    integer = _compare(_unary("stablehlo.floor", exponent), exponent, "EQ")
+    half = _binary("stablehlo.multiply", exponent, _like(0.5, exponent))
+    odd = _binary("stablehlo.and", integer, _compare(_unary("stablehlo.floor", half), half, "NE"))
+    negative = _compare(base, _like(0.0, base), "LT")
+    signed = _select(_binary("stablehlo.and", odd, _unary_sign_bit(base)),
+                     _unary("stablehlo.negate", magnitude), magnitude)
+    invalid = _binary("stablehlo.and", negative, _unary("stablehlo.not", integer))
+    signed = _select(invalid, _like(float("nan"), base), signed)
+    one = _binary("stablehlo.or", _compare(exponent, _like(0.0, exponent), "EQ"),
+                  _compare(base, _like(1.0, base), "EQ"))
+    unit_to_infinity = _binary(
+        "stablehlo.and", _compare(size, _like(1.0, base), "EQ"),
+        _compare(_unary("stablehlo.abs", exponent), _like(float("inf"), exponent), "EQ"))
+    one = _binary("stablehlo.or", one, unit_to_infinity)
+    return _convert(_select(one, _like(1.0, base), signed), node.element)
+
+
+def _unary_sign_bit(x: ir.Value) -> ir.Value:
+    """True where x's sign bit is set, -0.0 included (1 / -0.0 is -inf), as C99 pow needs."""
+    zero = _like(0.0, x)
+    reciprocal = _binary("stablehlo.divide", _like(1.0, x), x)
+    return _binary("stablehlo.or", _compare(x, zero, "LT"), _compare(reciprocal, zero, "LT"))
 
 
 def _maximum(node: _Node) -> ir.Value:
@@ -294,16 +322,52 @@ def _chlo_erf(x: ir.Value) -> ir.Value:
     return _unary("chlo.erf", x)
 
 
+def _is_f64(x: ir.Value) -> bool:
+    return isinstance(_element(x), ir.F64Type)
+
+
+def _log1p(x: ir.Value) -> ir.Value:
+    """log1p; in float64 IREE expands it as log(1 + x), so use Kahan's form log(u) * x / (u - 1)."""
+    if not _is_f64(x):
+        return _unary("stablehlo.log_plus_one", x)
+    u = _binary("stablehlo.add", _like(1.0, x), x)
+    kahan = _binary("stablehlo.multiply", _unary("stablehlo.log", u),
+                    _binary("stablehlo.divide", x, _binary("stablehlo.subtract", u, _like(1.0, x))))
+    exact = _select(_compare(u, _like(1.0, x), "EQ"), x, kahan)  # |x| below half an ulp of 1
+    return _select(_compare(x, _like(float("inf"), x), "EQ"), x, exact)
+
+
+def _expm1(x: ir.Value) -> ir.Value:
+    """expm1; in float64 IREE expands it as exp(x) - 1, so use Kahan's form (u - 1) * x / log(u)."""
+    if not _is_f64(x):
+        return _unary("stablehlo.exponential_minus_one", x)
+    u = _unary("stablehlo.exponential", x)
+    less = _binary("stablehlo.subtract", u, _like(1.0, x))
+    kahan = _binary("stablehlo.multiply", less, _binary("stablehlo.divide", x, _unary("stablehlo.log", u)))
+    result = _select(_compare(u, _like(1.0, x), "EQ"), x, kahan)
+    result = _select(_compare(less, _like(-1.0, x), "EQ"), less, result)  # exp underflowed: -1
+    return _select(_compare(u, _like(float("inf"), x), "EQ"), u, result)  # overflow (and +inf)
+
+
+def _sin(x: ir.Value) -> ir.Value:
+    """sin; IREE's float32 approximation loses small negative arguments, so use sin(x) = -sin(-x)."""
+    if _is_f64(x):
+        return _unary("stablehlo.sine", x)
+    negative = _compare(x, _like(0.0, x), "LT")
+    mirrored = _unary("stablehlo.negate", _unary("stablehlo.sine", _unary("stablehlo.negate", x)))
+    return _select(negative, mirrored, _unary("stablehlo.sine", x))
+
+
 # One entry per map function; MAP_FUNCTIONS in the core names the same set.
 MAP_LOWERINGS: dict[str, Callable[[ir.Value], ir.Value]] = {
     "exp": lambda x: _unary("stablehlo.exponential", x),
     "log": lambda x: _unary("stablehlo.log", x),
     "sqrt": lambda x: _unary("stablehlo.sqrt", x),
     "tanh": lambda x: _unary("stablehlo.tanh", x),
-    "sin": lambda x: _unary("stablehlo.sine", x),
+    "sin": _sin,
     "cos": lambda x: _unary("stablehlo.cosine", x),
-    "log1p": lambda x: _unary("stablehlo.log_plus_one", x),
-    "expm1": lambda x: _unary("stablehlo.exponential_minus_one", x),
+    "log1p": _log1p,
+    "expm1": _expm1,
     "erf": _chlo_erf,
     "erf_derivative": _erf_derivative,
 }
