@@ -1,12 +1,19 @@
 // RUN: %topos-opt %s --split-input-file --topos-lower-to-stablehlo | filecheck %s
 
 // Each map function is one StableHLO op; erf is chlo.erf, which IREE's input pipeline legalizes.
+// float32 sin is mirrored for negative arguments (IREE's approximation loses small negative x).
 // CHECK-LABEL: func.func @functions
 // CHECK-NEXT:    %[[EXP:.+]] = stablehlo.exponential %arg0 : tensor<3xf32>
 // CHECK-NEXT:    %[[LOG:.+]] = stablehlo.log %[[EXP]] : tensor<3xf32>
 // CHECK-NEXT:    %[[SQRT:.+]] = stablehlo.sqrt %[[LOG]] : tensor<3xf32>
 // CHECK-NEXT:    %[[TANH:.+]] = stablehlo.tanh %[[SQRT]] : tensor<3xf32>
-// CHECK-NEXT:    %[[SIN:.+]] = stablehlo.sine %[[TANH]] : tensor<3xf32>
+// CHECK-NEXT:    %[[ZERO:.+]] = stablehlo.constant dense<0.000000e+00> : tensor<3xf32>
+// CHECK-NEXT:    %[[NEGATIVE:.+]] = stablehlo.compare LT, %[[TANH]], %[[ZERO]]
+// CHECK-NEXT:    %[[FLIPPED:.+]] = stablehlo.negate %[[TANH]] : tensor<3xf32>
+// CHECK-NEXT:    %[[SINE:.+]] = stablehlo.sine %[[FLIPPED]] : tensor<3xf32>
+// CHECK-NEXT:    %[[MIRRORED:.+]] = stablehlo.negate %[[SINE]] : tensor<3xf32>
+// CHECK-NEXT:    %[[DIRECT:.+]] = stablehlo.sine %[[TANH]] : tensor<3xf32>
+// CHECK-NEXT:    %[[SIN:.+]] = stablehlo.select %[[NEGATIVE]], %[[MIRRORED]], %[[DIRECT]]
 // CHECK-NEXT:    %[[COS:.+]] = stablehlo.cosine %[[SIN]] : tensor<3xf32>
 // CHECK-NEXT:    %[[LOG1P:.+]] = stablehlo.log_plus_one %[[COS]] : tensor<3xf32>
 // CHECK-NEXT:    %[[EXPM1:.+]] = stablehlo.exponential_minus_one %[[LOG1P]] : tensor<3xf32>
