@@ -7,7 +7,7 @@
 // CHECK-DAG:     stablehlo.tanh
 // CHECK-DAG:     "stablehlo.gather"(%arg1, %arg3)
 // CHECK-DAG:     chlo.erf
-// CHECK-DAG:     stablehlo.while
+// CHECK-DAG:     "stablehlo.scatter"
 // CHECK-DAG:     stablehlo.reduce({{.*}}) applies stablehlo.add across dimensions = [0] : (tensor<6xf32>, tensor<f32>) -> tensor<f32>
 // CHECK:         return
 // CHECK-NOT:   topos.
