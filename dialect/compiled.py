@@ -15,7 +15,7 @@ from topos.errors import FeedError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 
 from .cache import CompileCache, key
-from .targets import Target, TargetError, check_driver, flags_for, target
+from .targets import DATA_TILING_THRESHOLD, Target, TargetError, check_driver, flags_for, target
 
 
 class CompileError(ToposError, RuntimeError):
@@ -57,9 +57,27 @@ def compile_stablehlo(text: str, flags) -> bytes:
     return bytes(output.map_memory())
 
 
+def largest_matmul(plan) -> int:
+    """Multiply-adds of the plan's largest matmul (batch x m x k x n), 0 if it has none."""
+    network, largest = plan.network, 0
+    for n in plan.schedule:
+        if network._opcodes[n].name == "matmul":
+            a, b = (network._specs[j].shape for j in network._operands[n])
+            size = 1
+            for extent in a[:-2]:
+                size *= extent
+            largest = max(largest, size * a[-2] * a[-1] * b[-1])
+    return largest
+
+
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
-                 cache: CompileCache | bool | None = True, cpu: str = "host") -> "CompiledPlan":
-    """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan."""
+                 cache: CompileCache | bool | None = True, cpu: str = "host",
+                 data_tiling: bool | None = None) -> "CompiledPlan":
+    """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
+
+    ``data_tiling`` (llvm-cpu): None decides by size — on when the largest
+    matmul reaches ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
+    """
     chosen = target(target_name)
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -68,7 +86,9 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
     uses_f64 = "f64" in text
-    flags = flags_for(chosen, uses_f64, cpu, uses_bf16="bf16" in text)
+    if data_tiling is None:
+        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
+    flags = flags_for(chosen, uses_f64, cpu, uses_bf16="bf16" in text, data_tiling=data_tiling)
     store = CompileCache() if cache is True else (cache or None)
     entry_key = key(text, chosen.name, flags, compiler_version())
     vmfb = store.load(entry_key) if store is not None else None
@@ -134,7 +154,7 @@ class CompiledPlan:
         network = self.plan.network
         wanted = set(self.arguments)
         bound_parameters = {} if resident is not None else bind_parameters(network, parameters, wanted)
-        bound_feeds = bind_feeds(network, feeds)
+        bound_feeds = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
         args = []
         for i in self.arguments:
             if resident is not None and network._opcodes[i].name == "parameter":

@@ -84,7 +84,18 @@ def target(name: str) -> Target:
     return TARGETS[key]
 
 
-def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False) -> tuple[str, ...]:
+# IREE's data tiling packs matmul operands into cache-sized tiles and runs
+# its microkernels on them. Packing is paid per call, so it wins only when
+# a matmul is big enough to amortize it: measured on llvm-cpu (2-core EPYC,
+# benchmarks/compiled.py), a 784-1024-1024 MLP step (largest matmul ~2^26.6
+# multiply-adds) ran 18% faster with it, a 784-128-10 MLP step (~2^22.6)
+# 39% slower and a small GPT step (~2^25) 4% slower.
+DATA_TILING_THRESHOLD = 2**26
+DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+
+
+def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
+              data_tiling: bool = False) -> tuple[str, ...]:
     """Every compiler flag for this target and module."""
     if uses_bf16 and not chosen.supports_bf16:
         raise TargetError(
@@ -94,6 +105,8 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     flags = list(_COMMON + chosen.flags)
     if chosen.name == "llvm-cpu":
         flags.append(f"--iree-llvmcpu-target-cpu={cpu}")
+        if data_tiling:
+            flags.extend(DATA_TILING_FLAGS)
     if uses_f64:
         if not chosen.supports_f64:
             raise TargetError(f"target {chosen.name} has no float64 support; record the graph in float32")

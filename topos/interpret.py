@@ -41,8 +41,13 @@ def bind_parameters(network, parameters, wanted=None) -> dict[int, np.ndarray]:
     return bound
 
 
-def bind_feeds(network, feeds) -> dict[int, np.ndarray]:
-    """Check feeds ({input symbol: array-like}) and return read-only arrays by node index."""
+def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
+    """Check feeds ({input symbol: array-like}) and return read-only arrays by node index.
+
+    With ``freeze`` each feed is copied, so a caller mutating its array
+    later cannot change a run; a consumer that copies the data at once (a
+    compiled plan uploading to its device) passes False and skips the copy.
+    """
     bound = {}
     for symbol, value in (feeds or {}).items():
         i = network.check(symbol, "fed symbol")
@@ -52,11 +57,11 @@ def bind_feeds(network, feeds) -> dict[int, np.ndarray]:
                 f"(recorded at {network._sites[i]})"
             )
         spec = network._specs[i]
-        bound[i] = _coerce_feed(i, value, spec, network._sites[i])
+        bound[i] = _coerce_feed(i, value, spec, network._sites[i], freeze)
     return bound
 
 
-def _coerce_feed(i, value, spec, site) -> np.ndarray:
+def _coerce_feed(i, value, spec, site, freeze: bool = True) -> np.ndarray:
     where = f"input %{i} (recorded at {site})"
     if isinstance(spec.dtype, SelectionType):
         array = _as_array(where, value, spec)
@@ -78,6 +83,8 @@ def _coerce_feed(i, value, spec, site) -> np.ndarray:
         array = _as_array(where, value, spec, spec.dtype)
     if array.shape != spec.shape:
         raise FeedError(f"{where} expects shape {list(spec.shape)}, got {list(array.shape)}")
+    if not freeze:
+        return array
     array = np.array(array)
     array.flags.writeable = False
     return array

@@ -216,3 +216,25 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
     assert "DeviceMemoryError: the llvm-cpu device (local-sync) ran out of memory" in done.stdout, done.stdout
     assert "RESOURCE_EXHAUSTED" in done.stdout
     assert issubclass(DeviceMemoryError, ToposError) and issubclass(DeviceMemoryError, MemoryError)
+
+
+def test_data_tiling_follows_the_size_of_the_largest_matmul():
+    from topos.dialect.compiled import largest_matmul
+    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD
+
+    def plan_of(m, k, n):
+        def model(tape):
+            a = tape.input(np.zeros((m, k), np.float32))
+            b = tape.parameter(np.zeros((k, n), np.float32))
+            return (a @ b).sum()
+
+        network, loss = Tape.record(model)
+        return network.entry([loss]).lower()
+
+    small, large = plan_of(4, 8, 2), plan_of(128, 1024, 1024)
+    assert largest_matmul(small) == 4 * 8 * 2
+    assert largest_matmul(large) == 128 * 1024 * 1024 >= DATA_TILING_THRESHOLD
+    assert not set(DATA_TILING_FLAGS) & set(small.compile("llvm-cpu").flags)
+    assert set(DATA_TILING_FLAGS) <= set(large.compile("llvm-cpu").flags)
+    forced = small.compile("llvm-cpu", data_tiling=True)
+    assert set(DATA_TILING_FLAGS) <= set(forced.flags)
