@@ -21,12 +21,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: one thread, stable timings
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _timing import median_seconds  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
@@ -57,16 +57,6 @@ def record_mlp():
         targets: np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, BATCH)],
     }
     return network, loss, weights, feeds
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm caches and allocations
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def mlp_table(repeats: int) -> None:

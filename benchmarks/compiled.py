@@ -64,6 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from _timing import table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -297,15 +298,6 @@ def _ms(seconds: float | None) -> str:
 
 def _s(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds:.2f}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table with right-aligned numeric columns."""
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                          for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-    rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule] + [line(r) for r in rows])
 
 
 def versions() -> str:

@@ -39,6 +39,7 @@ import tempfile
 import time
 
 import numpy as np
+from _timing import table  # noqa: E402
 
 import topos
 from topos import Numerics, Tape
@@ -46,15 +47,6 @@ from topos.dialect import conformance_cases
 from topos.dialect.targets import target as find_target
 
 DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table with right-aligned numeric columns."""
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                          for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-    rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule] + [line(r) for r in rows])
 
 
 def device_problem(driver: str) -> str | None:

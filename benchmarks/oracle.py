@@ -11,11 +11,9 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import statistics  # noqa: E402
-import time  # noqa: E402
-
 import numpy as np  # noqa: E402
 
+from _timing import median_seconds  # noqa: E402
 from topos import Tape  # noqa: E402
 
 
@@ -50,13 +48,7 @@ def numpy_forward(weights, biases, x):
 
 
 def median_ms(fn, repeats=15):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, repeats) * 1e3
 
 
 def main():

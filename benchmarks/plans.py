@@ -30,13 +30,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: one th
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _timing import median_seconds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,16 +44,6 @@ from topos import Numerics  # noqa: E402
 from _models import Model, conv_net, mlp  # noqa: E402
 
 RATE = 0.1
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm up (first-call imports, caches)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def traced_peak(fn) -> int:

@@ -101,7 +101,7 @@ import numpy as np
 import topos
 from topos import MAP_FUNCTIONS, OPCODES, by_name
 from topos.element import is_element, short_name
-from topos.plan.numerics import Envelope
+from topos.plan.numerics import Envelope, accumulation_scale
 
 # ---- the table ----------------------------------------------------------------------------
 
@@ -271,23 +271,7 @@ def scale(key: str, attributes: Mapping, operands: Sequence[np.ndarray], exact: 
             base, exponent = wide
             return np.abs(exact.astype(np.float64)) * (1.0 + np.abs(exponent * np.log(np.abs(base))))
         return np.abs(exact.astype(np.float64))
-    if key == "matmul":
-        a, b = wide
-        return a.shape[-1] * (np.abs(a) @ np.abs(b))
-    if key == "sum":
-        return np.asarray(wide[0].size * np.sum(np.abs(wide[0])))
-    if key == "sum_along":
-        axis = attributes["axis"]
-        return wide[0].shape[axis] * np.sum(np.abs(wide[0]), axis=axis)
-    if key in ("log_softmax", "logsumexp"):
-        x, axis = wide[0], attributes["axis"]
-        peak = np.max(x, axis=axis, keepdims=True)
-        peak = np.where(np.isfinite(peak), peak, 0.0)
-        log_total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True))
-        first = np.abs(x - peak) if key == "log_softmax" else np.abs(peak)
-        result = x.shape[axis] * (first + log_total + 1.0)
-        return result if key == "log_softmax" else np.squeeze(result, axis)
-    raise KeyError(f"no envelope scale is defined for the accumulating opcode {key!r}")
+    return accumulation_scale(key, attributes, operands)
 
 
 # Targets whose runtime flushes subnormal operands and results to (signed) zero.

@@ -32,7 +32,7 @@ import pytest
 
 import topos
 from topos import Numerics, Tape
-from topos.plan.numerics import FAST_KERNELS, envelope_for
+from topos.plan.numerics import FAST_KERNELS, accumulation_scale, envelope_for
 
 from conftest import ELEMENT_IDS, ELEMENTS, generator
 
@@ -45,25 +45,7 @@ def _scale(name: str, attributes: dict, operands, exact: np.ndarray, accumulates
     """The magnitude the envelope is proportional to, per opcode (see the module docstring)."""
     if not accumulates:
         return np.abs(exact.astype(np.float64))
-    wide = [np.asarray(o).astype(np.float64) for o in operands]
-    if name == "matmul":
-        a, b = wide
-        return a.shape[-1] * (np.abs(a) @ np.abs(b))
-    if name == "sum":
-        return wide[0].size * np.sum(np.abs(wide[0]))
-    if name == "sum_along":
-        axis = attributes["axis"]
-        return wide[0].shape[axis] * np.sum(np.abs(wide[0]), axis=axis)
-    if name in ("log_softmax", "logsumexp"):
-        x, axis = wide[0], attributes["axis"]
-        peak = np.max(x, axis=axis, keepdims=True)
-        peak = np.where(np.isfinite(peak), peak, 0.0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            log_total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True))
-        first = np.abs(x - peak) if name == "log_softmax" else np.abs(peak)
-        scale = x.shape[axis] * (first + log_total + 1.0)
-        return scale if name == "log_softmax" else np.squeeze(scale, axis)
-    raise AssertionError(f"no envelope scale is defined for the accumulating fast kernel {name!r}")
+    return accumulation_scale(name, attributes, operands)
 
 
 def envelope_violations(node, operands, fast: np.ndarray) -> str | None:

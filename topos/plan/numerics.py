@@ -41,6 +41,36 @@ class Envelope:
     note: str = ""
 
 
+def accumulation_scale(opcode_name: str, attributes, operands) -> np.ndarray:
+    """The magnitude an accumulating kernel's envelope is proportional to.
+
+    The term count times the sum of ``|terms|`` (matmul ``k * (|a| @ |b|)``,
+    sums ``n * sum(|x|)``): the classic bound for a sum added in another
+    order. log_softmax and logsumexp: ``n * (|x - max| + log S + 1)`` and
+    ``n * (|max| + log S + 1)`` with ``S = sum(exp(x - max))``. One place
+    for the FAST plan's envelopes and the IREE conformance table alike.
+    """
+    wide = [np.asarray(o).astype(np.float64) for o in operands]
+    if opcode_name == "matmul":
+        a, b = wide
+        return a.shape[-1] * (np.abs(a) @ np.abs(b))
+    if opcode_name == "sum":
+        return np.asarray(wide[0].size * np.sum(np.abs(wide[0])))
+    if opcode_name == "sum_along":
+        axis = attributes["axis"]
+        return wide[0].shape[axis] * np.sum(np.abs(wide[0]), axis=axis)
+    if opcode_name in ("log_softmax", "logsumexp"):
+        x, axis = wide[0], attributes["axis"]
+        peak = np.max(x, axis=axis, keepdims=True)
+        peak = np.where(np.isfinite(peak), peak, 0.0)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            log_total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True))
+        first = np.abs(x - peak) if opcode_name == "log_softmax" else np.abs(peak)
+        result = x.shape[axis] * (first + log_total + 1.0)
+        return result if opcode_name == "log_softmax" else np.squeeze(result, axis)
+    raise KeyError(f"no envelope scale is defined for the accumulating opcode {opcode_name!r}")
+
+
 def _in_compute(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
     def kernel(x):
         return round_to(fn(x.astype(compute_type(x.dtype), copy=False)), x.dtype)
@@ -121,4 +151,4 @@ def envelope_for(opcode_name: str, function: str | None = None) -> Envelope | No
     return None if fast is None else fast[1]
 
 
-__all__ = ["Envelope", "FAST_KERNELS", "Numerics", "envelope_for", "kernel_for"]
+__all__ = ["Envelope", "FAST_KERNELS", "Numerics", "accumulation_scale", "envelope_for", "kernel_for"]
