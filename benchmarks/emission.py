@@ -12,7 +12,8 @@ Steps:
   print          the module as text with locations
   parse text     the text back into a module (MLIR's parser)
   parse spec     parse_spec: the module replayed onto a fresh tape
-  (lowering)     STEPS_AFTER_PRINT: the StableHLO lowering adds its rows there
+  lower          topos-lower-to-stablehlo, canonicalize, cse, verify (to_stablehlo)
+  iree-compile   IREE compiling that StableHLO for llvm-cpu in-process (--iree-compile)
 
 Run: python benchmarks/emission.py [--nodes N] [--repeats N]
 """
@@ -64,19 +65,31 @@ def _parse_spec(state):
     return {}
 
 
+def _lower(state):
+    from topos.dialect.pipeline import to_stablehlo
+
+    return {"stablehlo": to_stablehlo(state["module"])}
+
+
+def _iree_compile(state):
+    from topos.dialect.compiled import compile_stablehlo
+    from topos.dialect.targets import flags_for, target
+
+    return {"vmfb": compile_stablehlo(state["stablehlo"], flags_for(target("llvm-cpu"), False, "generic"))}
+
+
 STEPS: list[Step] = [("record", _record), ("emit", _emit), ("verify", _verify), ("print", _print)]
-# The StableHLO lowering engineer appends ("lower to stablehlo", fn) here:
-# fn gets state["module"] (topos IR, verified) and may time anything after it.
-STEPS_AFTER_PRINT: list[Step] = [("parse text", _parse_text), ("parse spec", _parse_spec)]
+STEPS_AFTER_PRINT: list[Step] = [("parse text", _parse_text), ("parse spec", _parse_spec), ("lower", _lower)]
+COMPILE_STEP: Step = ("iree-compile", _iree_compile)
 
 
-def measure(build, repeats: int) -> tuple[int, dict[str, float], int]:
+def measure(build, repeats: int, steps) -> tuple[int, dict[str, float], int]:
     """Median seconds per step over ``repeats`` runs, the node count and the text size."""
     times: dict[str, list[float]] = {}
     nodes = size = 0
     for _ in range(repeats):
         state = {"build": build}
-        for name, step in STEPS + STEPS_AFTER_PRINT:
+        for name, step in steps:
             start = time.perf_counter()
             state.update(step(state))
             times.setdefault(name, []).append(time.perf_counter() - start)
@@ -88,15 +101,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iree-compile", action="store_true", help="also time IREE compiling the StableHLO")
     arguments = parser.parse_args(argv)
+    steps = STEPS + STEPS_AFTER_PRINT + ([COMPILE_STEP] if arguments.iree_compile else [])
     rows = [
         (f"chain ({arguments.nodes} nodes)", lambda: graphs.chain(arguments.nodes)),
         ("mlp + gradients", graphs.mlp),
     ]
-    names = [name for name, _ in STEPS + STEPS_AFTER_PRINT]
+    names = [name for name, _ in steps]
     print(f"{'graph':<24}{'nodes':>7}" + "".join(f"{n:>13}" for n in names) + f"{'text KiB':>10}")
     for label, build in rows:
-        nodes, medians, size = measure(build, arguments.repeats)
+        nodes, medians, size = measure(build, arguments.repeats, steps)
         cells = "".join(f"{medians[n] * 1e3:>10.1f} ms" for n in names)
         print(f"{label:<24}{nodes:>7}{cells}{size / 1024:>10.0f}")
         per_node = "".join(f"{medians[n] * 1e6 / nodes:>10.1f} us" for n in names)
