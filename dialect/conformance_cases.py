@@ -372,14 +372,6 @@ class Divergence:
 
 DIVERGENCES: tuple[Divergence, ...] = (
     Divergence(
-        "bf16-elided-roundings", ("llvm-cpu",),
-        "IREE's iree-convert-bf16-arith-to-f32 pass computes chains of bfloat16 operations in float32 "
-        "without the intermediate roundings to bfloat16 (a consumer reads the unrounded float32 value, "
-        "while the observed result is rounded), so a chained node's local error reaches a few bfloat16 "
-        "ulps. Fix belongs in the lowering: widen to float32 explicitly and round each result with "
-        "stablehlo.reduce_precision (e8m7), which IREE keeps (checked).",
-        dtypes=("bf16",), chained_only=True),
-    Divergence(
         "vulkan-log1p-naive", ("vulkan",),
         "IREE's SPIR-V path computes log1p as log(1 + x), losing small arguments "
         "(measured 5e6 eps on Mesa lavapipe for |x| down to 2**-30).",

@@ -20,9 +20,13 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
 * bfloat16 computes in float32 and rounds once, as the core does, wherever
   the result depends on more than one correctly rounded step: matmul,
   sums, fold, scatter, log_softmax, logsumexp, pow and every map function.
-  Single IEEE operations (add, sub, mul, div, neg, comparisons) stay in
-  bfloat16: float32 has more than twice bfloat16's precision plus two
-  bits, so rounding through it gives the same bits.
+  Single IEEE operations (add, sub, mul, div) are spelled the same way:
+  float32 has more than twice bfloat16's precision plus two bits, so one
+  operation in float32 rounded once gives bfloat16's own bits. Every
+  rounding down to bfloat16 is a ``stablehlo.reduce_precision`` (e8m7)
+  before the ``convert``: IREE computes bfloat16 chains in float32 and
+  folds a convert down followed by a convert up, which would silently
+  drop the rounding; reduce_precision survives that.
 * ``fold`` adds the windows lane by lane onto zeros (each lane a strided
   ``pad``), the reference's order, so its bits match the reference
   exactly. A 0/1 ``dot_general`` would turn an infinity into NaN
@@ -130,6 +134,13 @@ def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
 def _convert(x: ir.Value, element: ir.Type) -> ir.Value:
     if _element(x) == element:
         return x
+    if isinstance(element, ir.BF16Type) and isinstance(_element(x), ir.F32Type):
+        # Round to bfloat16's precision while still in float32. IREE computes
+        # bfloat16 chains in float32 and folds a convert down followed by a
+        # convert up, dropping the rounding; reduce_precision survives that.
+        x = _one("stablehlo.reduce_precision", [x], x.type,
+                 exponent_bits=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 8),
+                 mantissa_bits=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 7))
     return _one("stablehlo.convert", [x], _tensor(_shape(x), element))
 
 
@@ -266,8 +277,20 @@ def _leaf(node: _Node) -> ir.Value:
 
 
 def _exact(name: str) -> Callable[[_Node], ir.Value]:
-    """A single IEEE operation in the element type (exact for bfloat16 too; see the module doc)."""
-    return lambda node: _one(name, node.operands, node.type)
+    """A single IEEE operation in the element type.
+
+    bfloat16 arithmetic is spelled as float32 arithmetic rounded once
+    (the same bits, see the module doc), so the rounding is explicit and
+    survives IREE's bfloat16-to-float32 conversion.
+    """
+
+    def rule(node: _Node) -> ir.Value:
+        if isinstance(node.element, ir.BF16Type) and name != "stablehlo.negate":
+            wide = [_widened(x) for x in node.operands]
+            return _convert(_one(name, wide, wide[0].type), node.element)
+        return _one(name, node.operands, node.type)
+
+    return rule
 
 
 def _pow(node: _Node) -> ir.Value:

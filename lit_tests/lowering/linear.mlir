@@ -26,7 +26,8 @@ func.func @batched(%arg0: tensor<5x2x2x3xf64>, %arg1: tensor<5x2x3x4xf64>) -> te
 // CHECK-NEXT:    %[[A:.+]] = stablehlo.convert %arg0 : (tensor<2x3xbf16>) -> tensor<2x3xf32>
 // CHECK-NEXT:    %[[B:.+]] = stablehlo.convert %arg1 : (tensor<3x4xbf16>) -> tensor<3x4xf32>
 // CHECK-NEXT:    %[[P:.+]] = stablehlo.dot_general %[[A]], %[[B]], contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
-// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[P]] : (tensor<2x4xf32>) -> tensor<2x4xbf16>
+// CHECK-NEXT:    %[[ROUNDED:.+]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<2x4xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[ROUNDED]] : (tensor<2x4xf32>) -> tensor<2x4xbf16>
 // CHECK-NEXT:    return %[[R]]
 func.func @matmul_bf16(%arg0: tensor<2x3xbf16>, %arg1: tensor<3x4xbf16>) -> tensor<2x4xbf16> {
   %0 = "topos.matmul"(%arg0, %arg1) {node = 2 : i64} : (tensor<2x3xbf16>, tensor<3x4xbf16>) -> tensor<2x4xbf16>
@@ -63,7 +64,8 @@ func.func @sum_scalar(%arg0: tensor<f64>) -> tensor<f64> {
 // CHECK-NEXT:    %[[WIDE:.+]] = stablehlo.convert %arg0 : (tensor<2x3x4xbf16>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:    %[[INIT:.+]] = stablehlo.constant dense<-0.000000e+00> : tensor<f32>
 // CHECK-NEXT:    %[[S:.+]] = stablehlo.reduce(%[[WIDE]] init: %[[INIT]]) applies stablehlo.add across dimensions = [1] : (tensor<2x3x4xf32>, tensor<f32>) -> tensor<2x4xf32>
-// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[S]] : (tensor<2x4xf32>) -> tensor<2x4xbf16>
+// CHECK-NEXT:    %[[ROUNDED:.+]] = stablehlo.reduce_precision %[[S]], format = e8m7 : tensor<2x4xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[ROUNDED]] : (tensor<2x4xf32>) -> tensor<2x4xbf16>
 // CHECK-NEXT:    return %[[R]]
 func.func @sum_along_bf16(%arg0: tensor<2x3x4xbf16>) -> tensor<2x4xbf16> {
   %0 = "topos.sum_along"(%arg0) {axis = 1 : i64, node = 1 : i64} : (tensor<2x3x4xbf16>) -> tensor<2x4xbf16>

@@ -53,7 +53,8 @@ func.func @erf_derivative(%arg0: tensor<3xf64>) -> tensor<3xf64> {
 // CHECK-LABEL: func.func @tanh_bf16
 // CHECK-NEXT:    %[[WIDE:.+]] = stablehlo.convert %arg0 : (tensor<2xbf16>) -> tensor<2xf32>
 // CHECK-NEXT:    %[[TANH:.+]] = stablehlo.tanh %[[WIDE]] : tensor<2xf32>
-// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[TANH]] : (tensor<2xf32>) -> tensor<2xbf16>
+// CHECK-NEXT:    %[[ROUNDED:.+]] = stablehlo.reduce_precision %[[TANH]], format = e8m7 : tensor<2xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[ROUNDED]] : (tensor<2xf32>) -> tensor<2xbf16>
 // CHECK-NEXT:    return %[[R]]
 func.func @tanh_bf16(%arg0: tensor<2xbf16>) -> tensor<2xbf16> {
   %0 = "topos.map"(%arg0) {function = "tanh", node = 1 : i64} : (tensor<2xbf16>) -> tensor<2xbf16>

@@ -31,7 +31,8 @@ func.func @log_softmax(%arg0: tensor<2x5xf32>) -> tensor<2x5xf32> {
 // CHECK:         %[[SUM:.+]] = stablehlo.reduce(%{{.+}} init: %{{.+}}) applies stablehlo.add across dimensions = [0] : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
 // CHECK-NEXT:    %[[LOG:.+]] = stablehlo.log %[[SUM]] : tensor<3xf32>
 // CHECK-NEXT:    %[[TOTAL:.+]] = stablehlo.add %[[PEAK]], %[[LOG]] : tensor<3xf32>
-// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[TOTAL]] : (tensor<3xf32>) -> tensor<3xbf16>
+// CHECK-NEXT:    %[[ROUNDED:.+]] = stablehlo.reduce_precision %[[TOTAL]], format = e8m7 : tensor<3xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.convert %[[ROUNDED]] : (tensor<3xf32>) -> tensor<3xbf16>
 // CHECK-NEXT:    return %[[R]]
 func.func @logsumexp_bf16(%arg0: tensor<4x3xbf16>) -> tensor<3xbf16> {
   %0 = "topos.logsumexp"(%arg0) {axis = 0 : i64, node = 1 : i64} : (tensor<4x3xbf16>) -> tensor<3xbf16>
