@@ -44,8 +44,7 @@ def compile_stablehlo(text: str, flags) -> bytes:
     messages: list[str] = []
 
     def collect(diagnostic):
-        messages.append(f"{diagnostic.location}: {str(diagnostic.severity).split('.')[-1].lower()}: "
-                        f"{diagnostic.message}")
+        messages.append(_describe_diagnostic(diagnostic))
         return True
 
     session.context.attach_diagnostic_handler(collect)
@@ -70,18 +69,39 @@ def largest_matmul(plan) -> int:
     return largest
 
 
+def _describe_diagnostic(diagnostic) -> str:
+    """``file:line: error: message (node %3 map)`` when the op carries a node location."""
+    from .diagnostics import file_position, name_of
+
+    severity = str(diagnostic.severity).split(".")[-1].lower()
+    try:
+        position, name = file_position(diagnostic.location), name_of(diagnostic.location)
+    except Exception:  # an exotic location kind: fall back to MLIR's own spelling
+        position, name = None, None
+    if position is None:
+        return f"{diagnostic.location}: {severity}: {diagnostic.message}"
+    node = f" (node {name})" if name else ""
+    return f"{position[0]}:{position[1]}: {severity}: {diagnostic.message}{node}"
+
+
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | None = True, cpu: str = "host",
-                 data_tiling: bool | None = None) -> "CompiledPlan":
+                 data_tiling: bool | None = None, rewrite=None) -> "CompiledPlan":
     """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
 
     ``data_tiling`` (llvm-cpu): None decides by size — on when the largest
     matmul reaches ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
+    ``rewrite`` (str -> str) edits the StableHLO text before IREE sees it:
+    the seam ``topos.bisect`` uses to inject a fault on purpose.
     """
     chosen = target(target_name)
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    text, stage_times = plan._stablehlo_with_timings()
+    text, located, stage_times = plan._stablehlo_with_timings()
+    if rewrite is not None:
+        text, located = rewrite(text), rewrite(located)
+        if not isinstance(text, str) or not isinstance(located, str):
+            raise TypeError("rewrite must return the StableHLO text as a str")
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
@@ -95,7 +115,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     hit = vmfb is not None
     began = time.perf_counter()
     if vmfb is None:
-        vmfb = compile_stablehlo(text, flags)
+        vmfb = compile_stablehlo(located, flags)  # located: IREE's diagnostics name the user's line
         if store is not None:
             store.store(entry_key, vmfb)
     timings["iree-compile" if not hit else "cache-hit"] = time.perf_counter() - began

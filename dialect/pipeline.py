@@ -41,6 +41,20 @@ def to_stablehlo(module: ir.Module | str) -> str:
         return str(copy)
 
 
+def to_stablehlo_with_locations(module: ir.Module) -> tuple[str, str]:
+    """The StableHLO of a topos module twice: plain, and with every op's location.
+
+    The located text is what IREE compiles, so its diagnostics name the
+    node and the user's recording line; the plain text keys the compile
+    cache (moving a line in the user's file does not recompile) and is
+    what a reader is shown.
+    """
+    with module.context:
+        copy = module.operation.clone(ip=False)
+        lower_in_place(copy)
+        return str(copy), copy.get_asm(enable_debug_info=True)
+
+
 def _topos_op_names(root: ir.Operation) -> set[str]:
     found: set[str] = set()
 

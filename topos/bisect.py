@@ -15,7 +15,6 @@ topos`` stays pure NumPy.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,28 +260,7 @@ def _summarize(network, j: int, array: np.ndarray) -> OperandSummary:
 
 def _compile(plan, target_name: str, rewrite):
     """``plan.compile(target)``, with ``rewrite`` applied to the StableHLO text before IREE sees it."""
-    if rewrite is None:
-        return plan.compile(target_name)
-    from .dialect.cache import CompileCache, key
-    from .dialect.compiled import CompiledPlan, compile_stablehlo, compiler_version
-    from .dialect.targets import flags_for
-    from .dialect.targets import target as find_target
-
-    chosen = find_target(target_name)
-    started = time.perf_counter()
-    text = rewrite(plan.emit_stablehlo())
-    if not isinstance(text, str):
-        raise TypeError(f"rewrite must return the StableHLO text as a str, got {type(text).__name__}")
-    flags = flags_for(chosen, "f64" in text)
-    store = CompileCache()
-    entry_key = key(text, chosen.name, flags, compiler_version())
-    vmfb = store.load(entry_key)
-    hit = vmfb is not None
-    if vmfb is None:
-        vmfb = compile_stablehlo(text, flags)
-        store.store(entry_key, vmfb)
-    timings = {"rewrite+compile": time.perf_counter() - started}
-    return CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, timings, hit)
+    return plan.compile(target_name, rewrite=rewrite)
 
 
 # ---- envelopes (topos.dialect.conformance owns the table) --------------------------------------

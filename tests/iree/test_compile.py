@@ -238,3 +238,22 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(large.compile("llvm-cpu").flags)
     forced = small.compile("llvm-cpu", data_tiling=True)
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
+
+
+def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
+    from topos.dialect.compiled import CompileError
+
+    def model(tape):
+        x = tape.input(np.array([[1.0, 2.0]], np.float32))
+        return (x * 2.0).sum()  # the line IREE's complaint must name
+
+    network, loss = Tape.record(model)
+    line = model.__code__.co_firstlineno + 2
+    plan = network.entry([loss]).lower()
+    # An out-of-range reduction axis passes the parser and fails IREE's verifier at the op.
+    broken = lambda text: text.replace("across dimensions = [0]", "across dimensions = [3]")
+    with pytest.raises(CompileError) as failure:
+        plan.compile("llvm-cpu", cache=False, rewrite=broken)
+    message = str(failure.value)
+    assert f"%{loss.index} sum" in message
+    assert f"test_compile.py:{line}" in message

@@ -170,16 +170,21 @@ class Plan:
         roots, observes = self._declared()
         return emit_text(self.network, roots, observes, debug_info=debug_info)
 
-    def emit_stablehlo(self) -> str:
-        """This plan lowered by the topos passes to verified StableHLO text (no topos ops left)."""
-        return self._stablehlo_with_timings()[0]
+    def emit_stablehlo(self, debug_info: bool = False) -> str:
+        """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
 
-    def _stablehlo_with_timings(self) -> tuple[str, dict[str, float]]:
+        With ``debug_info`` every op keeps its location: the node and the
+        user's recording line.
+        """
+        plain, located, _ = self._stablehlo_with_timings()
+        return located if debug_info else plain
+
+    def _stablehlo_with_timings(self) -> tuple[str, str, dict[str, float]]:
         import time
 
         from ..dialect.emit import emit_module
         from ..dialect.passes import load_pass_modules, run_pipeline
-        from ..dialect.pipeline import to_stablehlo
+        from ..dialect.pipeline import to_stablehlo_with_locations
 
         load_pass_modules()
         roots, observes = self._declared()
@@ -189,9 +194,9 @@ class Plan:
         # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
         run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
         raised = time.perf_counter()
-        text = to_stablehlo(module)
-        return text, {"emit": emitted - started, "raise": raised - emitted,
-                      "lower": time.perf_counter() - raised}
+        plain, located = to_stablehlo_with_locations(module)
+        return plain, located, {"emit": emitted - started, "raise": raised - emitted,
+                                "lower": time.perf_counter() - raised}
 
     def compile(self, target: str = "llvm-cpu", driver: str | None = None, **options):
         """Compile this plan with IREE for ``target`` -> CompiledPlan (see topos.dialect.compiled)."""
