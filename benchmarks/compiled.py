@@ -117,6 +117,11 @@ def topos_oracle(workload: Workload) -> Runner:
         gradients = run.backward(workload.loss).parameters(parameters)
         return parameters.step(gradients, rule), run
 
+    return _host_loop(workload, advance)
+
+
+def _host_loop(workload: Workload, advance) -> Runner:
+    """A runner whose step is ``advance(parameters) -> (next parameters, run)`` on the host."""
     state = [workload.parameters]
 
     def step():
@@ -137,16 +142,7 @@ def topos_fast_plan(workload: Workload) -> Runner:
         run = plan.forward(parameters, workload.feeds)
         return parameters.step(run.recorded_gradients(workload.adjoints, parameters), rule), run
 
-    state = [workload.parameters]
-
-    def step():
-        state[0], _ = advance(state[0])
-
-    def first():
-        after, run = advance(workload.parameters)
-        return float(run[workload.loss]), workload.named_parameters(after)
-
-    return Runner(step, first)
+    return _host_loop(workload, advance)
 
 
 def peer_runner(peer) -> Runner:

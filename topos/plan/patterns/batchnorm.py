@@ -196,18 +196,25 @@ class BatchNormTraining(_RaiseOnly):
             f"batch statistics and normalization of [{batch}, {features}], eps {tail.epsilon:g}",
             sum(view.nbytes(n) for n in interior),
             {
-                "input": tail.x,
-                "scale": tail.scale,
-                "shift": tail.shift,
-                "batch": batch,
-                "features": features,
-                "feature_index": 1,
-                "epsilon": tail.epsilon,
+                **_common_details(tail, batch, features),
                 # Named results, (mean, variance): produced by the group and handed
                 # back by the raise, whose results are (output, mean, variance).
                 "results": (tail.mean, tail.variance),
             },
         )
+
+
+def _common_details(tail: _Tail, batch: int, features: int) -> dict:
+    """What both batch-norm raises need: the operands, the extents and epsilon."""
+    return {
+        "input": tail.x,
+        "scale": tail.scale,
+        "shift": tail.shift,
+        "batch": batch,
+        "features": features,
+        "feature_index": 1,
+        "epsilon": tail.epsilon,
+    }
 
 
 class BatchNormInference(_RaiseOnly):
@@ -225,15 +232,5 @@ class BatchNormInference(_RaiseOnly):
             tuple(sorted((*tail.interior, tail.root))),
             f"normalization of [{batch}, {features}] by supplied statistics, eps {tail.epsilon:g}",
             sum(view.nbytes(n) for n in tail.interior),
-            {
-                "input": tail.x,
-                "mean": tail.mean,
-                "variance": tail.variance,
-                "scale": tail.scale,
-                "shift": tail.shift,
-                "batch": batch,
-                "features": features,
-                "feature_index": 1,
-                "epsilon": tail.epsilon,
-            },
+            {**_common_details(tail, batch, features), "mean": tail.mean, "variance": tail.variance},
         )
