@@ -333,10 +333,9 @@ class ResidentParameters:
 
     def to_host(self):
         """Copy back to a host Parameters table (the only host transfer of the training loop)."""
-        from topos.parameters import Parameters
 
         pairs = []
         for symbol, array in self._template.items():
             device = self._device_arrays.get(symbol.index)
             pairs.append((symbol, array if device is None else to_host(device)))
-        return Parameters._of(self._template._family, pairs)
+        return self._template._like(pairs)

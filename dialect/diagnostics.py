@@ -79,9 +79,22 @@ def _location_of(where) -> ir.Location | None:
 # ---- locations --------------------------------------------------------------------------
 
 
-def node_location(index: int, opcode: str, site: Site) -> ir.Location:
-    """The location of node ``index``: its name wrapped around the user's recording line."""
-    return ir.Location.name(f"%{index} {opcode}", childLoc=ir.Location.file(site.file, site.line, 0))
+def node_location(index: int, opcode: str, site: Site, name: str | None = None, role: str = "") -> ir.Location:
+    """The location of node ``index``: its label wrapped around the user's recording line.
+
+    The label is ``%3 map``; a named source adds its name and role
+    (``%1 parameter fc1.weight``, ``%9 parameter optim.step [state]``), so
+    diagnostics name the parameter and ``parse_spec`` reads names back.
+    """
+    label = f"%{index} {opcode}" + (f" {name}" if name else "") + (f" [{role}]" if role else "")
+    return ir.Location.name(label, childLoc=ir.Location.file(site.file, site.line, 0))
+
+
+def source_label(label: str) -> tuple[str | None, str]:
+    """(name, role) of a node label written by :func:`node_location`."""
+    words = label.split(" ")
+    role = words.pop()[1:-1] if len(words) > 2 and words[-1].startswith("[") else ""
+    return (words[2] if len(words) > 2 else None), role
 
 
 def downcast(location: ir.Location) -> ir.Location:
@@ -160,5 +173,5 @@ def _format_one(d: Diagnostic, sources: dict[str, str], rename: dict[str, str]) 
 
 __all__ = [
     "Diagnostic", "DialectError", "VerificationError", "downcast", "file_position", "format_diagnostic",
-    "name_of", "node_location", "site_of",
+    "name_of", "node_location", "site_of", "source_label",
 ]

@@ -97,7 +97,8 @@ def emit_module(
             # An argument's location is its source node's, so a complaint about
             # an argument (from IREE, say) names the recording line too.
             block = function.add_entry_block(
-                arg_locs=[node_location(n.index, n.opcode.name, n.site) for n in parameters + inputs]
+                arg_locs=[node_location(n.index, n.opcode.name, n.site, n.name, n.role)
+                          for n in parameters + inputs]
             )
         arguments = {n.index: block.arguments[i] for i, n in enumerate(parameters + inputs)}
         values: dict[int, ir.Value] = {}
@@ -109,7 +110,7 @@ def emit_module(
 
 
 def _emit_node(network, node, values, arguments, result_type) -> ir.Value:
-    location = node_location(node.index, node.opcode.name, node.site)
+    location = node_location(node.index, node.opcode.name, node.site, node.name, node.role)
     extent = node.dtype.extent if isinstance(node.dtype, SelectionType) else None
     name = node.opcode.name
     if name == "leaf":

@@ -25,7 +25,7 @@ from topos.symbol import Symbol
 from topos.tape import Tape
 
 from . import context as _context
-from .diagnostics import Diagnostic, DialectError, VerificationError, site_of
+from .diagnostics import Diagnostic, DialectError, VerificationError, name_of, site_of, source_label
 from .emit import FUNCTION_NAME, OBSERVE
 from .ops import DIALECT, LeafOp, ToposOp, verify_module
 
@@ -143,7 +143,11 @@ def _record(tape: Tape, view: ToposOp, recorded: dict):
             default = selection(np.zeros(spec.shape, dtype=np.int64), view.extent)
         else:
             default = np.zeros(spec.shape, dtype=spec.dtype)
-        return tape.parameter(default) if name == "parameter" else tape.input(default)
+        label = name_of(view.location)
+        source, role = source_label(label) if label else (None, "")
+        if name == "parameter":
+            return tape.parameter(default, name=source, trainable=role != "state")
+        return tape.input(default, name=source, required=role == "required")
     operands = []
     for position, value in enumerate(view.operation.operands):
         if value not in recorded:

@@ -152,10 +152,15 @@ def test_a_symbol_beyond_the_network_is_refused(recorded):
     assert repr(unknown) in message and "recorded after" in message
 
 
-@pytest.mark.parametrize("key", ["x", 0, None], ids=["string", "int", "none"])
+@pytest.mark.parametrize("key", [0, None], ids=["int", "none"])
 def test_a_key_that_is_not_a_symbol_is_refused_with_its_type(recorded, key):
     message = _error(recorded, {key: 1.0}, SymbolError)
     assert type(key).__name__ in message and "not a Symbol" in message
+
+
+def test_a_string_key_is_a_name_and_an_unknown_name_is_refused(recorded):
+    message = _error(recorded, {"x": 1.0}, SymbolError)
+    assert "no parameter or input is named 'x'" in message and "name=" in message
 
 
 @pytest.mark.parametrize(

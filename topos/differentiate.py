@@ -93,14 +93,60 @@ class Gradients:
 
     def parameters(self, parameters):
         """Project onto parameter slots: a Parameters table shaped like ``parameters``."""
-        from .parameters import Parameters
 
         if parameters._family is not self._network.family:
             raise SymbolError("these Parameters belong to another network family")
-        return Parameters._of(parameters._family, [(s, self[s]) for s in parameters.symbols()])
+        return parameters._like([(s, self[s]) for s in parameters.symbols()])
 
     def __repr__(self) -> str:
-        return f"<Gradients of %{self._target}: {len(self._arrays)} nodes reached>"
+        target = "a sum" if self._target is None else f"%{self._target}"
+        return f"<Gradients of {target}: {len(self._arrays)} nodes reached>"
+
+    # -- algebra: accumulate over micro-batches or data-parallel shards -------------------
+    def map(self, fn) -> "Gradients":
+        """A new field with ``fn(array)`` at every reached node (unreached nodes still read as zeros)."""
+        return Gradients(self._network, {i: _frozen(fn(a)) for i, a in self._arrays.items()}, self._target)
+
+    def zip(self, *fields_then_fn) -> "Gradients":
+        """A new field with ``fn(mine, theirs, ...)`` at every node any of them reached.
+
+        A node one field did not reach contributes its zeros, so
+        ``a.zip(b, lambda x, y: x + y)`` is ``a + b``.
+        """
+        *others, fn = fields_then_fn
+        if not callable(fn):
+            raise TypeError("zip takes the fields first and the function last: a.zip(b, fn)")
+        for other in others:
+            if not isinstance(other, Gradients) or other._network.family is not self._network.family:
+                raise SymbolError("gradients combine only with gradients of the same network")
+        fields = (self, *others)
+        reached = sorted(set().union(*(f._arrays for f in fields)))
+        targets = {f._target for f in fields}
+        target = targets.pop() if len(targets) == 1 else None
+        return Gradients(self._network, {i: _frozen(fn(*(f[self._network.symbol(i)] for f in fields)))
+                                         for i in reached}, target)
+
+    def __add__(self, other: "Gradients") -> "Gradients":
+        if not isinstance(other, Gradients):
+            return NotImplemented
+        return self.zip(other, lambda a, b: a + b)
+
+    def __mul__(self, scalar) -> "Gradients":
+        """Every reached gradient times a number (kept in its element type)."""
+        if isinstance(scalar, Gradients):
+            return NotImplemented
+        return self.map(lambda a: (a * scalar).astype(a.dtype))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, scalar) -> "Gradients":
+        return self.map(lambda a: (a / scalar).astype(a.dtype))
+
+
+def _frozen(array) -> np.ndarray:
+    array = np.array(array)
+    array.flags.writeable = False
+    return array
 
 
 Field = Gradients
@@ -205,6 +251,12 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
                 f"wrt {w.symbol!r} is a {kind} node (recorded at {tape._sites[w._index]}); "
                 "differentiate with respect to parameters or inputs"
             )
+        if w._index in tape._state:
+            raise DifferentiationError(
+                f"wrt {w.symbol!r} ({tape._names.get(w._index, 'unnamed')}) is state, not a trainable "
+                f"parameter (recorded at {tape._sites[w._index]}); state such as optimizer moments and "
+                "running statistics is updated by its own rule, so leave it out of wrt"
+            )
         if not isinstance(w.dtype, np.dtype):
             raise DifferentiationError(
                 f"wrt {w.symbol!r} is a selection (recorded at {tape._sites[w._index]}); "
@@ -295,7 +347,6 @@ def _compact(tape, start: int, keep) -> dict[int, int]:
 
 def recorded_gradients(run, adjoints, parameters):
     """A Parameters table of the recorded gradients a run computed (zeros for other slots)."""
-    from .parameters import Parameters
 
     network = run.network
     by_wrt = {_symbol_of(w).index: _symbol_of(g) for w, g in adjoints.pairs()}
@@ -305,4 +356,4 @@ def recorded_gradients(run, adjoints, parameters):
         pairs.append((symbol, np.zeros_like(array) if g is None else run[g]))
     if parameters._family is not network.family:
         raise SymbolError("these Parameters belong to another network family")
-    return Parameters._of(parameters._family, pairs)
+    return parameters._like(pairs)

@@ -25,3 +25,11 @@ class SealedError(ToposError, RuntimeError):
 
 class DifferentiationError(ToposError, ValueError):
     """A derivative was asked for something reverse mode cannot differentiate."""
+
+
+class RecordingError(ToposError, RuntimeError):
+    """Something that records (a module, an optimizer) was used with no recording in progress, or on another one."""
+
+
+class CheckpointError(ToposError, ValueError):
+    """A checkpoint file could not be written or read, or does not fit the network it is loaded into."""

@@ -25,16 +25,17 @@ def bind_parameters(network, parameters, wanted=None) -> dict[int, np.ndarray]:
         if wanted is not None and i not in wanted:
             continue
         position = parameters._position.get(i)
+        label = f"%{i}" + (f" ({network._names[i]})" if i in network._names else "")
         if position is None:
             raise FeedError(
-                f"parameter %{i} has no slot in this table; after reopen(), use "
+                f"parameter {label} has no slot in this table; after reopen(), use "
                 "parameters.carried(network) to add the new slots"
             )
         array = parameters._arrays[position]
         spec = network._specs[i]
         if array.shape != spec.shape or array.dtype != spec.dtype:
             raise FeedError(
-                f"parameter %{i} holds {list(array.shape)} {array.dtype}, "
+                f"parameter {label} holds {list(array.shape)} {array.dtype}, "
                 f"the spec records {list(spec.shape)} {short_name(spec.dtype)}"
             )
         bound[i] = array
@@ -42,7 +43,7 @@ def bind_parameters(network, parameters, wanted=None) -> dict[int, np.ndarray]:
 
 
 def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
-    """Check feeds ({input symbol: array-like}) and return read-only arrays by node index.
+    """Check feeds ({input symbol or name: array-like}) and return read-only arrays by node index.
 
     With ``freeze`` each feed is copied, so a caller mutating its array
     later cannot change a run; a consumer that copies the data at once (a
@@ -50,6 +51,8 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
     """
     bound = {}
     for symbol, value in (feeds or {}).items():
+        if isinstance(symbol, str):
+            symbol = network.named(symbol)
         i = network.check(symbol, "fed symbol")
         if network._opcodes[i].name != "input":
             raise FeedError(
@@ -57,12 +60,12 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
                 f"(recorded at {network._sites[i]})"
             )
         spec = network._specs[i]
-        bound[i] = _coerce_feed(i, value, spec, network._sites[i], freeze)
+        bound[i] = _coerce_feed(i, value, spec, network._sites[i], freeze, network._names.get(i))
     return bound
 
 
-def _coerce_feed(i, value, spec, site, freeze: bool = True) -> np.ndarray:
-    where = f"input %{i} (recorded at {site})"
+def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = None) -> np.ndarray:
+    where = f"input %{i}{f' ({name})' if name else ''} (recorded at {site})"
     if isinstance(spec.dtype, SelectionType):
         array = _as_array(where, value, spec)
         if array.dtype.kind not in "iu":
@@ -106,7 +109,15 @@ def source_value(network, i, parameters, feeds):
     if name == "parameter":
         return parameters[i]
     if name == "input":
-        return feeds.get(i, network._payloads[i])
+        if i in feeds:
+            return feeds[i]
+        if i in network._required:
+            raise FeedError(
+                f"input {network._names.get(i, f'%{i}')} (%{i}, recorded at {network._sites[i]}) is "
+                f"required and was not fed; feed it {list(network._specs[i].shape)} "
+                f"{short_name(network._specs[i].dtype)} in the run's feeds"
+            )
+        return network._payloads[i]
     return network._payloads[i]
 
 

@@ -30,6 +30,8 @@ class Node:
     shape: tuple[int, ...]
     dtype: Any
     site: Site
+    name: str | None = None  # a parameter's or input's name (explicit, or its module path)
+    role: str = ""  # "state" for a non-trainable slot, "required" for an input without default
 
     @property
     def index(self) -> int:
@@ -39,6 +41,11 @@ class Node:
     def is_source(self) -> bool:
         return self.opcode.is_source
 
+    @property
+    def trainable(self) -> bool:
+        """True for a parameter slot that ``differentiate`` may take as ``wrt`` (not state)."""
+        return self.opcode.name == "parameter" and self.role != "state"
+
     def __str__(self) -> str:
         return describe_line(
             self.index,
@@ -47,6 +54,8 @@ class Node:
             tuple(self.attributes.items()),
             Spec(self.shape, self.dtype),
             None,
+            self.name,
+            self.role,
         )
 
 
@@ -55,7 +64,7 @@ class Network:
 
     __slots__ = (
         "_family", "_opcodes", "_operands", "_attributes", "_specs", "_sites", "_payloads",
-        "_slots", "_inputs", "_consumers",
+        "_names", "_state", "_required", "_slots", "_inputs", "_consumers", "_by_name",
     )
 
     def __init__(self):
@@ -72,6 +81,10 @@ class Network:
         set_(self, "_specs", tuple(tape._specs))
         set_(self, "_sites", tuple(tape._sites))
         set_(self, "_payloads", MappingProxyType(dict(tape._payloads)))
+        set_(self, "_names", MappingProxyType(dict(tape._names)))
+        set_(self, "_state", frozenset(tape._state))
+        set_(self, "_required", frozenset(tape._required))
+        set_(self, "_by_name", MappingProxyType({n: i for i, n in tape._names.items()}))
         names = [op.name for op in self._opcodes]
         set_(self, "_slots", tuple(i for i, n in enumerate(names) if n == "parameter"))
         set_(self, "_inputs", tuple(i for i, n in enumerate(names) if n == "input"))
@@ -137,14 +150,39 @@ class Network:
             self._specs[i].shape,
             self._specs[i].dtype,
             self._sites[i],
+            self._names.get(i),
+            role_of(self, i),
         )
 
     def payload(self, symbol: Symbol) -> np.ndarray | None:
-        """The recorded payload of a source (leaf value, parameter initial, input default)."""
+        """The recorded payload of a source (leaf value, parameter initial, input default).
+
+        A required input has none.
+        """
         return self._payloads.get(self.check(symbol))
 
+    def name(self, symbol: Symbol) -> str:
+        """The name of a parameter or input: its given name or module path, else ``%<index>``."""
+        return source_name(self, self.check(symbol))
+
+    def named(self, name: str) -> Symbol:
+        """The parameter or input called ``name``."""
+        index = self._by_name.get(name)
+        if index is None:
+            raise SymbolError(f"no parameter or input is named {name!r}; {_known_names(self)}")
+        return self.symbol(index)
+
+    def names(self) -> Mapping[str, Symbol]:
+        """Every named parameter and input, name -> Symbol, in recording order."""
+        return MappingProxyType({n: self.symbol(i) for n, i in sorted(self._by_name.items(), key=lambda p: p[1])})
+
     def parameter_symbols(self) -> tuple[Symbol, ...]:
+        """Every slot of the parameter table: trainable parameters and state, in recording order."""
         return tuple(self.symbol(i) for i in self._slots)
+
+    def trainable_symbols(self) -> tuple[Symbol, ...]:
+        """The trainable slots (parameters that are not state), in recording order."""
+        return tuple(self.symbol(i) for i in self._slots if i not in self._state)
 
     def input_symbols(self) -> tuple[Symbol, ...]:
         return tuple(self.symbol(i) for i in self._inputs)
@@ -169,11 +207,24 @@ class Network:
                 f"{plural(len(self._inputs), 'input')}>")
 
     # -- state and runs ----------------------------------------------------------------------
-    def parameters(self):
-        """A fresh Parameters table holding every parameter's record-site initial."""
-        from .parameters import Parameters
+    def parameters(self, source=None, *, strict: bool = True):
+        """A fresh Parameters table for this network.
 
-        return Parameters._of(self._family, [(self.symbol(i), self._payloads[i]) for i in self._slots])
+        Without ``source`` every slot holds its record-site initial. With a
+        ``source`` (a Parameters table of another recording of the same
+        model, or a mapping name -> array, e.g. a checkpoint's tensors)
+        every slot takes the source's array of the same name: this is how
+        weights move between shape buckets (batch 64 for training, 1 for
+        sampling). A slot the source lacks is an error naming it (with
+        ``strict=False`` it keeps its initial); a shape or element type
+        that differs is always an error. Entries the network has no slot
+        for (optimizer state of the training recording, say) are ignored.
+        """
+        from .parameters import Parameters, by_names
+
+        pairs = [(self.symbol(i), self._payloads[i]) for i in self._slots]
+        table = Parameters._of(self._family, pairs, _slot_meta(self))
+        return table if source is None else by_names(table, source, strict)
 
     def forward(self, parameters, feeds=None):
         """Run the whole spec with the oracle (reference paths, exact bits) -> Run."""
@@ -211,6 +262,10 @@ class Network:
         tape._specs = list(self._specs)
         tape._sites = list(self._sites)
         tape._payloads = dict(self._payloads)
+        tape._names = dict(self._names)
+        tape._state = set(self._state)
+        tape._required = set(self._required)
+        tape._frozen_below = len(self)
         return tape
 
 
@@ -238,11 +293,41 @@ def _number(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def describe_line(index, opcode, operands, attributes, spec, payload) -> str:
+def role_of(columns, i: int) -> str:
+    """``state`` for a non-trainable slot, ``required`` for an input without default, else empty."""
+    if i in columns._state:
+        return "state"
+    if i in columns._required:
+        return "required"
+    return ""
+
+
+def source_name(columns, i: int) -> str:
+    return columns._names.get(i, f"%{i}")
+
+
+def _known_names(network) -> str:
+    names = sorted(network._by_name)
+    if not names:
+        return "this network names no source (name them with name=, or build them with topos.nn modules)"
+    shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return f"the names are: {shown}"
+
+
+def _slot_meta(columns) -> tuple[tuple[str, ...], frozenset]:
+    """(name per slot, state slot indices): what a Parameters table carries beside its arrays."""
+    return tuple(source_name(columns, i) for i in columns._slots), frozenset(columns._state)
+
+
+def describe_line(index, opcode, operands, attributes, spec, payload, name=None, role="") -> str:
     args = "(" + ", ".join(str(j) for j in operands) + ")"
     attrs = " ".join(f"{k}={_format_attribute(v)}" for k, v in attributes)
     if opcode.name == "leaf" and payload is not None:
         attrs = _leaf_summary(payload)
+    if name is not None:
+        attrs = f"name={name}"
+    if role:
+        attrs = f"{attrs} {role}".strip()
     return f"{index:>5}  {opcode.name:<15} {args:<12} {attrs:<34} {list(spec.shape)} {short_name(spec.dtype)}".rstrip()
 
 
@@ -257,7 +342,7 @@ def describe_columns(columns, kind: str, sites: bool = False) -> str:
     for i, opcode in enumerate(columns._opcodes):
         line = describe_line(
             i, opcode, columns._operands[i], columns._attributes[i], columns._specs[i],
-            columns._payloads.get(i),
+            columns._payloads.get(i), columns._names.get(i), role_of(columns, i),
         )
         if sites:
             line = f"{line:<90}  # {columns._sites[i]}"

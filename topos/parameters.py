@@ -2,6 +2,9 @@
 
 A training step is a pure transform of this table; the network never
 changes. The same type carries gradients by slot and optimizer moments.
+Each slot also carries its name (``fc1.weight``, or ``%<index>`` for an
+unnamed one) and whether it is trainable or state, so a table can be read,
+replaced, saved and moved to another recording by name.
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 class Parameters:
     """An immutable slot table: ``parameters[symbol]`` is that parameter's array."""
 
-    __slots__ = ("_family", "_symbols", "_arrays", "_position")
+    __slots__ = ("_family", "_symbols", "_arrays", "_position", "_names", "_state")
 
     @classmethod
-    def _of(cls, family: Family, pairs) -> "Parameters":
+    def _of(cls, family: Family, pairs, meta=None) -> "Parameters":
+        """A table of (symbol, array) pairs; ``meta`` is (name per slot, state indices)."""
         self = object.__new__(cls)
-        object.__setattr__(self, "_family", family)
-        object.__setattr__(self, "_symbols", tuple(s for s, _ in pairs))
-        object.__setattr__(self, "_arrays", tuple(_frozen(np.array(a)) for _, a in pairs))
-        object.__setattr__(self, "_position", {s.index: i for i, s in enumerate(self._symbols)})
+        set_ = object.__setattr__
+        set_(self, "_family", family)
+        set_(self, "_symbols", tuple(s for s, _ in pairs))
+        set_(self, "_arrays", tuple(_frozen(np.array(a)) for _, a in pairs))
+        set_(self, "_position", {s.index: i for i, s in enumerate(self._symbols)})
+        names, state = meta if meta is not None else (tuple(f"%{s.index}" for s in self._symbols), frozenset())
+        set_(self, "_names", tuple(names))
+        set_(self, "_state", frozenset(state))
         return self
+
+    def _like(self, pairs) -> "Parameters":
+        """A table over the same slots (and so the same names) as this one."""
+        return Parameters._of(self._family, pairs, (self._names, self._state))
 
     def __setattr__(self, name, value):
         raise TypeError("Parameters are immutable; step, map or zip them into a new table")
@@ -50,13 +62,16 @@ class Parameters:
 
     def __deepcopy__(self, memo) -> "Parameters":
         # Fresh arrays, same family: the copy must still serve the same network.
-        return Parameters._of(self._family, list(self.items()))
+        return self._like(list(self.items()))
 
     # -- reading ---------------------------------------------------------------------------
-    def __getitem__(self, symbol: Symbol) -> np.ndarray:
+    def __getitem__(self, symbol: Symbol | str) -> np.ndarray:
+        """The array of a slot, by Symbol or by name (``parameters["fc1.weight"]``)."""
         return self._arrays[self._slot(symbol)]
 
     def __contains__(self, symbol) -> bool:
+        if isinstance(symbol, str):
+            return symbol in self._names
         return (
             isinstance(symbol, Symbol)
             and symbol.family is self._family
@@ -78,7 +93,32 @@ class Parameters:
     def items(self):
         return zip(self._symbols, self._arrays)
 
-    def _slot(self, symbol: Symbol) -> int:
+    def names(self) -> tuple[str, ...]:
+        """The name of every slot, in slot order (``%<index>`` for an unnamed one)."""
+        return self._names
+
+    def name(self, symbol: Symbol) -> str:
+        return self._names[self._slot(symbol)]
+
+    def named(self) -> dict[str, np.ndarray]:
+        """A new dict name -> array over every slot, in slot order (the arrays are read-only)."""
+        return dict(zip(self._names, self._arrays))
+
+    def symbol(self, name: str) -> Symbol:
+        """The Symbol of the slot called ``name``."""
+        return self._symbols[self._slot(name)]
+
+    def trainable(self, symbol: Symbol | str) -> bool:
+        """True unless the slot is state (``tape.parameter(..., trainable=False)``)."""
+        return self._symbols[self._slot(symbol)].index not in self._state
+
+    def _slot(self, symbol: Symbol | str) -> int:
+        if isinstance(symbol, str):
+            try:
+                return self._names.index(symbol)
+            except ValueError:
+                shown = ", ".join(self._names[:12]) + (", ..." if len(self._names) > 12 else "")
+                raise SymbolError(f"no slot is named {symbol!r}; the slots are: {shown}") from None
         if not isinstance(symbol, Symbol) or symbol.family is not self._family:
             raise SymbolError(f"{symbol!r} is not a parameter of this table's network")
         try:
@@ -87,40 +127,52 @@ class Parameters:
             raise SymbolError(f"{symbol!r} is not a parameter slot of this table") from None
 
     def __repr__(self) -> str:
-        slots = ", ".join(f"{s!r}: {list(a.shape)} {a.dtype}" for s, a in self.items())
+        slots = ", ".join(f"{n}: {list(a.shape)} {a.dtype}" for n, a in zip(self._names, self._arrays))
         return f"Parameters({{{slots}}})"
 
     # -- algebra: every result is a new table ---------------------------------------------
     def _rebuilt(self, arrays) -> "Parameters":
         checked = []
-        for symbol, old, new in zip(self._symbols, self._arrays, arrays):
+        for name, old, new in zip(self._names, self._arrays, arrays):
             new = np.asarray(new)
             if new.shape != old.shape:
                 raise FeedError(
-                    f"parameter {symbol!r}: the update has shape {list(new.shape)}, "
+                    f"parameter {name}: the update has shape {list(new.shape)}, "
                     f"the slot holds {list(old.shape)}"
                 )
             if new.dtype != old.dtype:
                 if new.dtype.kind not in "fV":
-                    raise FeedError(f"parameter {symbol!r}: the update has element type {new.dtype}")
+                    raise FeedError(f"parameter {name}: the update has element type {new.dtype}")
                 new = new.astype(old.dtype)
             checked.append(new)
-        return Parameters._of(self._family, list(zip(self._symbols, checked)))
+        return self._like(list(zip(self._symbols, checked)))
 
     def _aligned(self, other: "Parameters") -> None:
         if not isinstance(other, Parameters) or other._family is not self._family or (
             other._symbols != self._symbols
         ):
-            raise SymbolError("the two tables do not hold the same parameter slots")
+            raise SymbolError(
+                "the two tables do not hold the same parameter slots; tables combine only when "
+                "they come from the same network (network.parameters(), gradients.parameters(table))"
+            )
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> "Parameters":
         """A new table with ``fn`` applied to every slot."""
         return self._rebuilt([fn(a) for a in self._arrays])
 
-    def zip(self, other: "Parameters", fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> "Parameters":
-        """A new table with ``fn(mine, theirs)`` per slot."""
-        self._aligned(other)
-        return self._rebuilt([fn(a, b) for a, b in zip(self._arrays, other._arrays)])
+    def zip(self, *tables_then_fn) -> "Parameters":
+        """A new table with ``fn(mine, theirs, ...)`` per slot: ``a.zip(b, c, fn)``.
+
+        Any number of tables over the same slots, the function last (for
+        example ``g1.zip(g2, g3, lambda a, b, c: (a + b + c) / 3)`` to
+        average the gradients of three micro-batches).
+        """
+        *others, fn = tables_then_fn
+        if not callable(fn):
+            raise TypeError("zip takes the tables first and the function last: a.zip(b, fn)")
+        for other in others:
+            self._aligned(other)
+        return self._rebuilt([fn(*arrays) for arrays in zip(self._arrays, *(o._arrays for o in others))])
 
     def step(self, direction: "Parameters", rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> "Parameters":
         """The next state: ``rule(parameter, direction)`` per slot (for example ``p - g * lr``)."""
@@ -136,8 +188,14 @@ class Parameters:
 
     __rmul__ = __mul__
 
+    def __sub__(self, other: "Parameters") -> "Parameters":
+        return self.zip(other, lambda a, b: a - b)
+
+    def __truediv__(self, scalar) -> "Parameters":
+        return self.map(lambda a: a / scalar)
+
     def with_payloads(self, pairs) -> "Parameters":
-        """A new table with some slots replaced (shape and element type checked)."""
+        """A new table with some slots replaced, by Symbol or by name (shape and element type checked)."""
         replaced = list(self._arrays)
         for symbol, array in dict(pairs).items():
             replaced[self._slot(symbol)] = array
@@ -149,6 +207,33 @@ class Parameters:
         if fresh._family is not self._family:
             raise SymbolError("carried: the network belongs to another tape family")
         mine = {s.index: a for s, a in self.items()}
-        return Parameters._of(
-            self._family, [(s, mine.get(s.index, a)) for s, a in fresh.items()]
+        return fresh._like([(s, mine.get(s.index, a)) for s, a in fresh.items()])
+
+
+def by_names(table: Parameters, source, strict: bool) -> Parameters:
+    """``table`` with every slot taken by name from ``source`` (a Parameters table or a mapping)."""
+    named = source.named() if isinstance(source, Parameters) else dict(source)
+    missing, mismatched, arrays = [], [], []
+    for name, initial in zip(table._names, table._arrays):
+        if name not in named:
+            missing.append(name)
+            arrays.append(initial)
+            continue
+        array = np.asarray(named[name])
+        if array.shape != initial.shape or array.dtype != initial.dtype:
+            mismatched.append(
+                f"{name}: the source holds {list(array.shape)} {array.dtype}, "
+                f"this network records {list(initial.shape)} {initial.dtype}"
+            )
+        arrays.append(array)
+    problems = []
+    if missing and strict:
+        problems.append("missing from the source: " + ", ".join(missing))
+    problems += mismatched
+    if problems:
+        raise FeedError(
+            "the source does not fit this network's parameters:\n  " + "\n  ".join(problems)
+            + "\n  record the same model (same module paths and sizes) in both recordings"
+            + ("; pass strict=False to keep the initials of missing slots" if missing and strict else "")
         )
+    return table._like(list(zip(table._symbols, arrays)))

@@ -197,7 +197,8 @@ class Recordable:
         return self._unary("broadcast_along", axis=axis, extent=extent)
 
     def reshape(self, shape: Sequence[int]):
-        return self._unary("reshape", shape=tuple(shape))
+        """The same elements under a new shape; one extent may be -1 (inferred, as in NumPy)."""
+        return self._unary("reshape", shape=_inferred_shape(self.shape, shape))
 
     def permute(self, order: Sequence[int]):
         return self._unary("permute", order=tuple(order))
@@ -294,6 +295,25 @@ class Recordable:
 
 def _volume(shape) -> int:
     return math.prod(shape)
+
+
+def _inferred_shape(source, shape) -> tuple:
+    """``shape`` with its one -1 replaced by the extent that keeps the volume of ``source``."""
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    shape = tuple(shape)
+    holes = [i for i, d in enumerate(shape) if isinstance(d, numbers.Integral) and d == -1]
+    if not holes:
+        return shape
+    rest = [d for i, d in enumerate(shape) if i not in holes]
+    known = _volume(rest) if all(isinstance(d, numbers.Integral) and d > 0 for d in rest) else 0
+    if len(holes) > 1 or known == 0 or _volume(source) % known:
+        raise _refusal(
+            f"reshape: cannot infer the -1 extent of {list(shape)} from shape {list(source)} "
+            f"({_volume(source)} elements)",
+            "use at most one -1, and make the other extents divide the number of elements",
+        )
+    return shape[: holes[0]] + (_volume(source) // known,) + shape[holes[0] + 1 :]
 
 
 def _refusal(detail: str, hint: str) -> Exception:

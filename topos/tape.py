@@ -7,12 +7,13 @@ Sealing freezes the tape into a :class:`~topos.network.Network`.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
 
 from .element import Selection, SelectionType, is_element, short_name
-from .errors import SealedError, ShapeError, SymbolError
+from .errors import RecordingError, SealedError, ShapeError, SymbolError
 from .opcodes import Opcode, Refusal, Spec, by_name
 from .provenance import Site, user_site
 from .recordable import Recordable
@@ -46,6 +47,16 @@ class Value(Recordable):
     def tape(self) -> "Tape":
         return self._tape
 
+    @property
+    def name(self) -> str | None:
+        """The node's name, if it is a named parameter or input (see ``tape.name``)."""
+        return self._tape._names.get(self._index)
+
+    @property
+    def trainable(self) -> bool:
+        """True for a parameter slot that is not state."""
+        return self._tape._opcodes[self._index].name == "parameter" and self._index not in self._tape._state
+
     def _express(self, opcode, operands, attributes):
         return self._tape._append(opcode, operands, attributes)
 
@@ -59,17 +70,31 @@ class Value(Recordable):
     def __bool__(self):
         raise TypeError("a Value has no truth value while recording; shapes are static, so branch on .shape")
 
+    def __getitem__(self, index):
+        raise ShapeError(
+            f"{user_site()}: a Value cannot be indexed with [] ({self!r}); "
+            "to pick rows of a table use table.gather(topos.selection(indices, extent)) "
+            "(or a selection input), and to slice use narrow(axis, start, length)"
+        )
+
+    def __iter__(self):
+        raise TypeError(f"a Value cannot be iterated ({self!r}); shapes are static, so loop over range(extent)")
+
     __hash__ = object.__hash__
+
+
+_recording = threading.local()
 
 
 class Tape:
     """An open recording: append-only nodes with static shapes.
 
     Use :meth:`record` to build and seal in one call, or create a tape,
-    record on it, and call :meth:`seal`.
+    record on it (``with tape:`` makes it the recording in progress, which
+    ``topos.nn`` modules build on), and call :meth:`seal`.
     """
 
-    def __init__(self, _family: Family | None = None):
+    def __init__(self, _family: Family | None = None, *, seed: int = 0):
         self._family = _family or Family()
         self._opcodes: list[Opcode] = []
         self._operands: list[tuple[int, ...]] = []
@@ -77,31 +102,136 @@ class Tape:
         self._specs: list[Spec] = []
         self._sites: list[Site] = []
         self._payloads: dict[int, np.ndarray] = {}
+        # Source metadata beside the columns: a name per named source, the
+        # parameter slots that are state (never differentiated), the inputs
+        # that must be fed.
+        self._names: dict[int, str] = {}
+        self._state: set[int] = set()
+        self._required: set[int] = set()
+        self._seed = seed
+        self._generator = None
+        self._frozen_below = 0  # nodes of the network this tape reopened: their names are history
         self._sealed = False
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def record(cls, fn: Callable[["Tape"], Any]):
+    def record(cls, fn: Callable[["Tape"], Any], *, seed: int = 0):
         """Record ``fn(tape)``, seal, and return ``(network, symbols)``.
 
-        Whatever ``fn`` returns is detached: any nesting of tuples, lists and
-        dicts of Values becomes the same structure of Symbols.
+        While ``fn`` runs the tape is the recording in progress (see
+        :meth:`current`). ``seed`` seeds :attr:`generator`, which modules
+        draw their initial weights from unless given a generator of their
+        own. Whatever ``fn`` returns is detached: any nesting of tuples,
+        lists and dicts of Values becomes the same structure of Symbols.
         """
-        tape = cls()
-        result = fn(tape)
+        tape = cls(seed=seed)
+        with tape:
+            result = fn(tape)
         return tape.seal(), detach(result)
+
+    @staticmethod
+    def current() -> "Tape":
+        """The recording in progress: the innermost ``Tape.record`` or ``with tape:`` block."""
+        stack = getattr(_recording, "stack", None)
+        if not stack:
+            raise RecordingError(
+                f"{user_site()}: no recording is in progress; build modules and record "
+                "inside Tape.record(fn) (or a `with tape:` block)"
+            )
+        return stack[-1]
+
+    def __enter__(self) -> "Tape":
+        self._check_open()
+        if not hasattr(_recording, "stack"):
+            _recording.stack = []
+        _recording.stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack = _recording.stack
+        if stack and stack[-1] is self:
+            stack.pop()
+
+    @property
+    def generator(self):
+        """The recording's ``topos.init.Generator`` (seeded by ``Tape.record(..., seed=)``, default 0)."""
+        if self._generator is None:
+            from .init import Generator
+
+            self._generator = Generator(self._seed)
+        return self._generator
 
     def leaf(self, value) -> Value:
         """A constant node holding ``value`` (an array, a number, or a selection)."""
         return self._source(_LEAF, value)
 
-    def parameter(self, initial) -> Value:
-        """A trainable node; ``initial`` fills its slot in ``network.parameters()``."""
-        return self._source(_PARAMETER, initial)
+    def parameter(self, initial, *, name: str | None = None, trainable: bool = True) -> Value:
+        """A slot of ``network.parameters()``; ``initial`` fills it.
 
-    def input(self, default) -> Value:
-        """A node fed per run; ``default`` fixes its shape and element type and is used when not fed."""
-        return self._source(_INPUT, default)
+        ``name`` (a dotted path such as ``fc1.weight``) names it in
+        describe, errors, MLIR locations and checkpoints; unnamed slots are
+        called ``%<index>``. ``trainable=False`` makes it *state*: carried
+        between steps like a parameter (optimizer moments, running
+        statistics), but refused as a ``wrt`` of ``differentiate``.
+        """
+        value = self._source(_PARAMETER, initial)
+        if not trainable:
+            self._state.add(value._index)
+        if name is not None:
+            self.name(value, name)
+        return value
+
+    def input(self, default=None, *, name: str | None = None, shape=None, dtype=None,
+              extent: int | None = None, required: bool | None = None) -> Value:
+        """A node fed per run.
+
+        With ``default`` (an array, a number or a selection) the default
+        fixes shape and element type and is used when the input is not fed.
+        Without one, give ``shape`` and ``dtype`` (float32 by default) or
+        ``extent`` (a selection of indices in ``[0, extent)``): the input is
+        *required*, and a run that does not feed it fails. ``required=True``
+        makes an input with a default required too (the default then only
+        fixes the spec).
+        """
+        if default is None:
+            if shape is None:
+                raise ShapeError(
+                    f"{user_site()}: input: give a default, or shape= with dtype= (or extent= for indices)"
+                )
+            if extent is not None:
+                default = Selection(np.zeros(tuple(shape), np.int64), int(extent))
+            else:
+                default = np.zeros(tuple(shape), np.float32 if dtype is None else dtype)
+            required = True if required is None else required
+        elif shape is not None or dtype is not None or extent is not None:
+            raise ShapeError(f"{user_site()}: input: give either a default or shape/dtype/extent, not both")
+        value = self._source(_INPUT, default)
+        if required:
+            self._required.add(value._index)
+            del self._payloads[value._index]  # a required input has no default to fall back on
+        if name is not None:
+            self.name(value, name)
+        return value
+
+    def name(self, value, name: str) -> Value:
+        """Name (or rename, while the tape is open) a parameter or input node; returns it.
+
+        Names are unique within a network (checked when sealing), contain
+        no whitespace and do not start with ``%``.
+        """
+        self._check_open()
+        index = (value if isinstance(value, Value) and value._tape is self else self.resolve(value))._index
+        kind = self._opcodes[index].name
+        if kind not in ("parameter", "input"):
+            raise SymbolError(f"{user_site()}: only parameters and inputs take names; %{index} is a {kind}")
+        if index < self._frozen_below:
+            raise SealedError(
+                f"{user_site()}: %{index} belongs to the sealed network this tape continues; its name is "
+                "part of that spec and cannot change"
+            )
+        check_name(name)
+        self._names[index] = name
+        return Value(self, index)
 
     def resolve(self, symbol: Symbol) -> Value:
         """The Value of ``symbol`` on this tape (for example after ``network.reopen()``)."""
@@ -114,6 +244,7 @@ class Tape:
         from .network import Network
 
         self._check_open()
+        _check_unique_names(self)
         self._sealed = True
         return Network._from_tape(self)
 
@@ -226,6 +357,29 @@ class Tape:
         if payload is not None:
             self._payloads[index] = payload
         return Value(self, index)
+
+
+def check_name(name) -> str:
+    """Refuse a source name that could not travel through describe, MLIR locations and checkpoints."""
+    if not isinstance(name, str) or not name or name.startswith("%") or any(c.isspace() for c in name):
+        raise SymbolError(
+            f"{user_site()}: {name!r} is not a valid name; names are non-empty strings without "
+            "whitespace that do not start with '%' (for example 'blocks.0.attn.qkv.weight')"
+        )
+    return name
+
+
+def _check_unique_names(tape) -> None:
+    seen: dict[str, int] = {}
+    for index, name in sorted(tape._names.items()):
+        if name in seen:
+            first = seen[name]
+            raise SymbolError(
+                f"two sources are named {name!r}: %{first} (recorded at {tape._sites[first]}) and "
+                f"%{index} (recorded at {tape._sites[index]}); names must be unique: put the modules "
+                "in one parent Module so their paths differ, or pass distinct name= arguments"
+            )
+        seen[name] = index
 
 
 def _freeze(value):

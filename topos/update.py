@@ -40,6 +40,26 @@ class Updates:
         """Root list for a training entry: the loss (if given) then every next value."""
         return ([loss] if loss is not None else []) + [new for _, new in self._pairs]
 
+    def __add__(self, other: "Updates") -> "Updates":
+        """Both sets of pairs (an optimizer's and a module's running statistics, say); a slot twice is an error."""
+        if not isinstance(other, Updates):
+            return NotImplemented
+        mine = {getattr(p, "symbol", p) for p, _ in self._pairs}
+        twice = [getattr(p, "symbol", p) for p, _ in other._pairs if getattr(p, "symbol", p) in mine]
+        if twice:
+            raise DifferentiationError(
+                f"slots {twice} are updated twice; each parameter or state slot takes one next value per step"
+            )
+        return Updates(self._pairs + other._pairs)
+
+    def apply(self, parameters, run):
+        """The next table: each updated slot takes its next value from ``run`` (any run that computed them).
+
+        This is the host side of a training step over an oracle run or a
+        plan's run; ``compiled.step`` does the same on the device.
+        """
+        return parameters.with_payloads({getattr(p, "symbol", p): run[getattr(n, "symbol", n)] for p, n in self._pairs})
+
     def detach(self) -> "Updates":
         from .tape import detach
 

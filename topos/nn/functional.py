@@ -1,4 +1,10 @@
-"""Convolution, max-pooling and batch normalization, spelled with the public recordable API.
+"""The function forms of topos.nn: every layer's mathematics as a plain composition of opcodes.
+
+This module holds convolution, max-pooling and batch normalization, and
+gathers the rest under one name (``import topos.nn.functional as F``):
+activations and softmax (``activation.py``), linear, embedding and the
+row normalizations (``normalization.py``), attention (``attention.py``)
+and the losses (``loss.py``).
 
 Each function here is a plain composition of opcodes (rule 5): a
 hand-written recording of the same opcodes in the same order behaves
@@ -153,4 +159,13 @@ def batch_norm_inference(
     return normalized * _along_batch(scale, batch) + _along_batch(shift, batch)
 
 
-__all__ = ["batch_norm", "batch_norm_inference", "conv2d", "max_pool"]
+from .activation import dropout, gelu, log_softmax, relu, sigmoid, silu, softmax  # noqa: E402
+from .attention import causal_mask, scaled_dot_product_attention  # noqa: E402
+from .loss import cross_entropy, mse_loss  # noqa: E402
+from .normalization import embedding, layer_norm, linear, rms_norm  # noqa: E402
+
+__all__ = [
+    "batch_norm", "batch_norm_inference", "causal_mask", "conv2d", "cross_entropy", "dropout", "embedding",
+    "gelu", "layer_norm", "linear", "log_softmax", "max_pool", "mse_loss", "relu", "rms_norm",
+    "scaled_dot_product_attention", "sigmoid", "silu", "softmax",
+]

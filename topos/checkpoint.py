@@ -1,0 +1,102 @@
+"""Checkpoints: parameters and optimizer state as safetensors files, one tensor per slot name.
+
+``save(path, parameters, state)`` writes every slot under its name
+(``fc1.weight``, ``optim.exp_avg.fc1.weight``) atomically: a crash leaves
+the previous file or the new one, never a torn one. ``load(path, network)``
+fills the network's parameter table by name and refuses, naming each, the
+slots the file lacks, the tensors nobody claims and the shapes or element
+types that differ. Because module names are PyTorch's, a ``torch.nn``
+state_dict saved with ``safetensors.torch.save_file`` loads as is.
+Nothing here pickles; the format is in ``topos/safetensors_io.py``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from topos import CheckpointError, Parameters
+from topos.safetensors_io import header, read, read_metadata, write
+
+
+def _named(table) -> dict[str, np.ndarray]:
+    if isinstance(table, Parameters):
+        return table.named()
+    if hasattr(table, "to_host"):  # device-resident parameters of a compiled plan
+        return table.to_host().named()
+    if hasattr(table, "named"):  # an optimizer's host state
+        return table.named()
+    if isinstance(table, Mapping):
+        return {str(name): np.asarray(array) for name, array in table.items()}
+    raise CheckpointError(
+        f"save takes Parameters, optimizer state or a mapping of name -> array, got {type(table).__name__}"
+    )
+
+
+def save(path, *tables, metadata: Mapping[str, str] | None = None) -> None:
+    """Write every slot of ``tables`` (Parameters, optimizer state, resident parameters, mappings) to ``path``."""
+    if not tables:
+        raise CheckpointError(f"{os.fspath(path)}: save needs at least one table to write")
+    merged: dict[str, np.ndarray] = {}
+    for table in tables:
+        for name, array in _named(table).items():
+            if name in merged:
+                raise CheckpointError(
+                    f"{os.fspath(path)}: two tables both hold {name!r}; give the optimizer another prefix "
+                    "or save the tables to separate files"
+                )
+            merged[name] = array
+    write(path, merged, metadata)
+
+
+def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence[str] = ()):
+    """The network's parameter table filled by name from ``path`` (with ``optimizer``: also its host state).
+
+    Every slot must be in the file and every tensor in the file must be
+    claimed by a slot (or, with ``optimizer``, by its state), unless
+    ``strict=False``: then missing slots keep their initials and unclaimed
+    tensors are skipped. ``ignore`` lists names or shell patterns to skip,
+    for example ``("*.num_batches_tracked",)`` for a PyTorch BatchNorm.
+    Shapes and element types must always match. Returns a Parameters
+    table, or ``(parameters, optimizer_state)`` when ``optimizer`` is given.
+    """
+    tensors = {n: a for n, a in read(path).items() if not any(fnmatch.fnmatchcase(n, p) for p in ignore)}
+    table = network.parameters()
+    wanted = {name: (array.shape, array.dtype) for name, array in table.named().items()}
+    if optimizer is not None:
+        wanted.update(optimizer.layout(table))
+    missing = [n for n in wanted if n not in tensors]
+    unexpected = [n for n in tensors if n not in wanted]
+    mismatched = [
+        f"{n}: the file holds {list(tensors[n].shape)} {tensors[n].dtype}, the network needs "
+        f"{list(shape)} {np.dtype(dtype)}"
+        for n, (shape, dtype) in wanted.items() if n in tensors and (tensors[n].shape, tensors[n].dtype) != (shape, dtype)
+    ]
+    problems = list(mismatched)
+    if strict and missing:
+        problems.insert(0, "missing from the file: " + ", ".join(missing))
+    if strict and unexpected:
+        hint = "; pass ignore=('*.num_batches_tracked',) for PyTorch BatchNorm counters" if any(
+            n.endswith("num_batches_tracked") for n in unexpected) else ""
+        problems.append("in the file but not in the network: " + ", ".join(unexpected) + hint)
+    if problems:
+        raise CheckpointError(
+            f"{os.fspath(path)} does not fit this network:\n  " + "\n  ".join(problems)
+            + "\n  record the model with the same modules and sizes, or pass strict=False / ignore=[...] "
+            "to load what matches"
+        )
+    parameters = network.parameters({n: a for n, a in tensors.items() if n in table.names()}, strict=False)
+    if optimizer is None:
+        return parameters
+    if missing:
+        state = optimizer.init(parameters).named()
+        state.update({n: tensors[n] for n in state if n in tensors})
+    else:
+        state = tensors
+    return parameters, optimizer.state_from(state, parameters)
+
+
+__all__ = ["header", "load", "read", "read_metadata", "save", "write"]

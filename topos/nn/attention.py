@@ -1,0 +1,67 @@
+"""Scaled dot-product attention and the causal mask, composed from matmul, permute and softmax."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from topos import Recordable, ShapeError
+from topos.provenance import user_site
+
+MASKED = -1e9  # added to a masked score: exp() of it is exactly 0 next to any score of ordinary size
+
+
+def causal_mask(length: int, source_length: int | None = None, dtype=np.float32) -> np.ndarray:
+    """An additive mask ``[length, source_length]``: 0 where query i may see key j (j <= i), MASKED above.
+
+    A read-only array; add it to attention scores (``scaled_dot_product_attention``
+    takes it as ``mask``). Top-left aligned like PyTorch's ``is_causal``.
+    """
+    columns = length if source_length is None else source_length
+    mask = np.triu(np.full((length, columns), MASKED, dtype=np.float64), k=1).astype(dtype)
+    mask.flags.writeable = False
+    return mask
+
+
+def _swap_last(x: Recordable) -> Recordable:
+    order = list(range(x.ndim))
+    order[-2], order[-1] = order[-1], order[-2]
+    return x.permute(order)
+
+
+def scaled_dot_product_attention(query: Recordable, key: Recordable, value: Recordable, mask=None,
+                                 causal: bool = False, scale: float | None = None) -> Recordable:
+    """``softmax(query @ key.T * scale + mask) @ value`` over the last two axes.
+
+    ``query`` is ``[..., L, E]``, ``key`` ``[..., S, E]``, ``value`` ``[..., S, Ev]``
+    with identical leading axes (batch, heads). ``mask`` is additive: an
+    array or a Value of shape ``[L, S]`` (or the scores' full shape).
+    ``causal=True`` adds :func:`causal_mask`. ``scale`` defaults to
+    ``1 / sqrt(E)``.
+    """
+    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise ShapeError(
+            f"{user_site()}: scaled_dot_product_attention: query {list(query.shape)}, key "
+            f"{list(key.shape)} and value {list(value.shape)} must share their rank (>= 2)"
+        )
+    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ShapeError(
+            f"{user_site()}: scaled_dot_product_attention: query {list(query.shape)} and key "
+            f"{list(key.shape)} must agree on the last axis, key and value {list(value.shape)} on the "
+            "second to last"
+        )
+    length, source = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ _swap_last(key)) * scale
+    masks = [] if mask is None else [mask]
+    if causal:
+        masks.append(causal_mask(length, source, query.dtype))
+    for m in masks:
+        if not isinstance(m, Recordable):
+            m = query.tape.leaf(np.asarray(m, dtype=query.dtype))
+        scores = scores + m.broadcast_to(scores.shape)
+    return scores.softmax(scores.ndim - 1) @ value
+
+
+__all__ = ["MASKED", "causal_mask", "scaled_dot_product_attention"]

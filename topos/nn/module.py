@@ -1,0 +1,346 @@
+"""Modules: PyTorch-shaped containers of parameters, built during a recording and called on Values.
+
+A module is bookkeeping over the public API and nothing more: assigning
+``self.weight = Parameter(array)`` records ``tape.parameter(array)`` on the
+recording in progress (``Tape.current()``), assigning a module makes it a
+child, and calling the module records whatever its ``forward`` spells. The
+parameters are ordinary nodes of the spec; a hand-written recording with
+the same names records the same network.
+
+Names follow PyTorch's ``state_dict``: a parameter is called by the path of
+attribute names from the outermost module down (``blocks.0.attn.in_proj_weight``).
+Because a child is built before its parent adopts it, every adoption
+renames the child's nodes with the longer path (``tape.name``); the names
+are final once the outermost module is built, and sealing checks they are
+unique.
+
+State that is carried between steps but never differentiated (BatchNorm's
+running statistics) is a ``Buffer``: a slot recorded with
+``trainable=False``. A module whose training reading computes the next
+value of a buffer records that pair; ``module.state_updates()`` gathers
+them as ``topos.Updates`` for the training entry, beside the optimizer's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from topos import RecordingError, ShapeError, Tape, Updates, Value
+from topos.provenance import user_site
+
+
+class Parameter:
+    """Assign to a module attribute to record a trainable slot holding ``initial``."""
+
+    __slots__ = ("initial",)
+
+    def __init__(self, initial):
+        self.initial = initial
+
+
+class Buffer:
+    """Assign to a module attribute to record a state slot (carried between steps, never differentiated)."""
+
+    __slots__ = ("initial",)
+
+    def __init__(self, initial):
+        self.initial = initial
+
+
+class Module:
+    """The base of every layer: children, named parameters and buffers, ``forward`` on Values.
+
+    Subclasses call ``super().__init__()`` first, then assign
+    ``Parameter``/``Buffer``/``Module`` attributes, and define ``forward``.
+    """
+
+    def __init__(self):
+        tape = _current()
+        if tape is None:
+            raise RecordingError(
+                f"{user_site()}: {type(self).__name__} is built during a recording; create it inside "
+                "the function you pass to Tape.record (or inside a `with tape:` block)"
+            )
+        set_ = object.__setattr__
+        set_(self, "_tape", tape)
+        set_(self, "_parameters", {})  # attribute -> Value, the slots this module recorded
+        set_(self, "_buffers", {})
+        set_(self, "_inputs", {})  # attribute -> Value, inputs its forward recorded (dropout masks)
+        set_(self, "_aliases", {})  # attribute -> Value owned by another module (tied weights)
+        set_(self, "_children", {})
+        set_(self, "_parent", None)
+        set_(self, "_key", "")
+        set_(self, "_updates", [])  # (state Value, next Value) recorded by training readings
+
+    # -- registration ----------------------------------------------------------------------
+    def __setattr__(self, key: str, value) -> None:
+        if "_tape" not in self.__dict__:
+            raise RecordingError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning {key!r}")
+        self._forget(key)
+        if isinstance(value, Parameter):
+            value = self._record_source(key, value.initial, trainable=True)
+        elif isinstance(value, Buffer):
+            value = self._record_source(key, value.initial, trainable=False)
+        elif isinstance(value, Module):
+            self._adopt(key, value)
+        elif isinstance(value, Value) and value.tape is self._tape and value.name is not None:
+            self._aliases[key] = value  # a slot another module owns: tied, named by its owner
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        self._forget(key)
+        object.__delattr__(self, key)
+
+    def _forget(self, key: str) -> None:
+        for table in (self._parameters, self._buffers, self._inputs, self._aliases, self._children):
+            table.pop(key, None)
+
+    def _record_source(self, key: str, initial, trainable: bool) -> Value:
+        value = self._tape.parameter(initial, trainable=trainable, name=self._path_of(key))
+        (self._parameters if trainable else self._buffers)[key] = value
+        return value
+
+    def _adopt(self, key: str, child: "Module") -> None:
+        if child._tape is not self._tape:
+            raise RecordingError(
+                f"{user_site()}: {key!r} was built on another recording; build every module of a "
+                "model inside the same recording"
+            )
+        self._children[key] = child
+        if child._parent is None and child is not self:  # a module shared by two parents keeps its first path
+            object.__setattr__(child, "_parent", self)
+            object.__setattr__(child, "_key", key)
+            child._rename()
+
+    def record_input(self, key: str, default) -> Value:
+        """Record an input this module owns (named by its path), for example a dropout mask."""
+        value = self._tape.input(default, name=self._path_of(key))
+        self._inputs[key] = value
+        return value
+
+    def record_update(self, buffer: Value, new: Value) -> None:
+        """Note that this reading computed ``new``, the next value of the state slot ``buffer``."""
+        self._updates.append((buffer, new))
+
+    def _rename(self) -> None:
+        for table in (self._parameters, self._buffers, self._inputs):
+            for key, value in table.items():
+                self._tape.name(value, self._path_of(key))
+        for child in self._children.values():
+            if child._parent is self:
+                child._rename()
+
+    # -- paths and traversal ---------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The dotted path from the outermost module (``""`` for the outermost itself)."""
+        if self._parent is None:
+            return ""
+        prefix = self._parent.path
+        return f"{prefix}.{self._key}" if prefix else self._key
+
+    def _path_of(self, key: str) -> str:
+        prefix = self.path
+        return f"{prefix}.{key}" if prefix else key
+
+    def _label(self) -> str:
+        """How errors name this module: its path and its summary line."""
+        path = self.path
+        return f"{path} ({self._summary()})" if path else self._summary()
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        return iter(list(self._children.items()))
+
+    def children(self) -> Iterator["Module"]:
+        return (child for _, child in self.named_children())
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """This module and every descendant once, with its path relative to this module."""
+        seen: set[int] = set()
+
+        def walk(module, path):
+            if id(module) in seen:
+                return
+            seen.add(id(module))
+            yield path, module
+            for key, child in module._children.items():
+                yield from walk(child, f"{path}.{key}" if path else key)
+
+        yield from walk(self, prefix)
+
+    def modules(self) -> Iterator["Module"]:
+        return (module for _, module in self.named_modules())
+
+    def _named(self, tables, prefix: str) -> list[tuple[str, Value]]:
+        """Each slot once: by its owner's path first, then (tied slots owned elsewhere) by an alias."""
+        found, seen = [], set()
+        for owned in (True, False):
+            for path, module in self.named_modules(prefix):
+                for key, value in tables(module, owned).items():
+                    if value.symbol.index not in seen:
+                        seen.add(value.symbol.index)
+                        found.append((f"{path}.{key}" if path else key, value))
+        return found
+
+    def named_parameters(self, prefix: str = "") -> list[tuple[str, Value]]:
+        """(path, Value) of every trainable parameter, each once, in registration order (PyTorch's order)."""
+        return self._named(
+            lambda m, owned: m._parameters if owned else {k: v for k, v in m._aliases.items() if v.trainable}, prefix
+        )
+
+    def parameters(self) -> list[Value]:
+        """The trainable parameters as Values (the ``wrt`` of ``tape.differentiate``)."""
+        return [value for _, value in self.named_parameters()]
+
+    def named_buffers(self, prefix: str = "") -> list[tuple[str, Value]]:
+        """(path, Value) of every state slot (running statistics), each once."""
+        return self._named(lambda m, owned: m._buffers if owned else {}, prefix)
+
+    def state_dict(self) -> dict[str, Value]:
+        """Every parameter and buffer by path: the names a PyTorch ``state_dict`` has."""
+        return dict(self.named_parameters() + self.named_buffers())
+
+    def state_updates(self) -> Updates:
+        """The next values of buffers that training readings recorded in this module tree."""
+        pairs, owner = [], {}
+        for path, module in self.named_modules():
+            for buffer, new in module._updates:
+                index = buffer.symbol.index
+                if index in owner:
+                    raise RecordingError(
+                        f"{module._label()} was called in its training reading more than once, so "
+                        f"{buffer.name} has two next values; call it once per recording in training "
+                        "(use its inference reading for the other calls)"
+                    )
+                owner[index] = path
+                pairs.append((buffer, new))
+        return Updates(pairs)
+
+    def dropout_feeds(self, generator) -> dict:
+        """Fresh masks for every Dropout in this tree: {mask input Symbol: array} to merge into feeds."""
+        feeds = {}
+        for module in self.modules():
+            masks = getattr(module, "masks", None)
+            if masks is None:
+                continue
+            for mask in masks():
+                feeds[mask.symbol] = generator.dropout_mask(mask.shape, module.p, mask.dtype)
+        return feeds
+
+    # -- calling -----------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if _current() is not self._tape:
+            raise RecordingError(
+                f"{user_site()}: {self._label()} belongs to "
+                + ("a recording that is sealed" if self._tape.sealed else "another recording")
+                + "; a module is built and called inside one recording. Record the model again for "
+                "each shape (training batch, sampling), and move the weights with "
+                "network.parameters(trained_parameters)"
+            )
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward")
+
+    # -- checks facades share --------------------------------------------------------------
+    def check_input(self, x, features: int | None, axis: int = -1, rank: tuple[int, ...] | None = None,
+                    what: str = "features", dtype=None) -> None:
+        """A ShapeError naming the user's line and this module when ``x`` does not fit."""
+        if not isinstance(x, Value):
+            raise ShapeError(
+                f"{user_site()}: {self._label()} is called on Values of the recording, got {type(x).__name__}; "
+                "record arrays with tape.input(...) or tape.leaf(...) first"
+            )
+        if rank is not None and x.ndim not in rank:
+            raise ShapeError(
+                f"{user_site()}: {self._label()} takes an input of rank {' or '.join(map(str, rank))}, "
+                f"got {list(x.shape)}"
+            )
+        if features is not None and (x.ndim == 0 or x.shape[axis] != features):
+            where = "last axis" if axis == -1 else f"axis {axis}"
+            got = x.shape[axis] if x.ndim else "no"
+            raise ShapeError(
+                f"{user_site()}: {self._label()} expects {features} {what} along the {where}, "
+                f"but the input {list(x.shape)} has {got}; build the module with {got} {what}, or "
+                "reshape the input"
+            )
+        if dtype is not None and x.dtype != dtype:
+            raise ShapeError(
+                f"{user_site()}: {self._label()} holds {np.dtype(dtype).name} parameters but the input "
+                f"{list(x.shape)} is {x.dtype}; build the module with dtype={x.dtype}, or record the input "
+                f"as {np.dtype(dtype).name}"
+            )
+
+    # -- printing ----------------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def _summary(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        if self._children:
+            lines[0] = lines[0].rstrip("(") + "("
+            for key, child in self._children.items():
+                inner = repr(child).replace("\n", "\n  ")
+                lines.append(f"  ({key}): {inner}")
+            lines.append(")")
+            return "\n".join(lines)
+        return lines[0] + ")"
+
+
+def _current():
+    try:
+        return Tape.current()
+    except RecordingError:
+        return None
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named ``0``, ``1``, ... as in PyTorch."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for position, module in enumerate(modules):
+            if not isinstance(module, Module):
+                raise TypeError(f"Sequential takes modules; item {position} is a {type(module).__name__}")
+            setattr(self, str(position), module)
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __getitem__(self, position: int) -> Module:
+        return list(self._children.values())[position]
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._children.values()))
+
+    def forward(self, x):
+        for module in self._children.values():
+            x = module(x)
+        return x
+
+
+class ModuleList(Module):
+    """A list of modules named ``0``, ``1``, ...; the caller decides how to call them."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for module in modules:
+            self.append(module)
+
+    def append(self, module: Module) -> "ModuleList":
+        setattr(self, str(len(self._children)), module)
+        return self
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __getitem__(self, position: int) -> Module:
+        return list(self._children.values())[position]
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._children.values()))

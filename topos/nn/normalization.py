@@ -1,0 +1,71 @@
+"""Affine maps, embeddings and the per-row normalizations, as function forms over Values.
+
+Weights use PyTorch's layouts (a linear weight is ``[out_features,
+in_features]``), so checkpoints move between the two by name alone.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from topos import Recordable, ShapeError
+from topos.provenance import user_site
+
+
+def linear(x: Recordable, weight: Recordable, bias: Recordable | None = None) -> Recordable:
+    """``x @ weight.T + bias`` over the last axis of ``x`` (``weight`` is ``[out, in]``).
+
+    A rank-2 ``x`` is ``[rows, in]``; any other rank is flattened to rows
+    and back, so ``[batch, time, in]`` gives ``[batch, time, out]``.
+    """
+    out_features, in_features = weight.shape
+    if x.ndim == 0 or x.shape[-1] != in_features:
+        raise ShapeError(
+            f"{user_site()}: linear: input {list(x.shape)} should end in {in_features} features for "
+            f"weight {list(weight.shape)} ([out_features, in_features])"
+        )
+    lead = x.shape[:-1]
+    rows = int(np.prod(lead)) if lead else 1
+    flat = x if x.ndim == 2 else x.reshape((rows, in_features))
+    y = flat @ weight.permute((1, 0))
+    if bias is not None:
+        y = y + bias.broadcast_along(0, rows)
+    return y if x.ndim == 2 else y.reshape(lead + (out_features,))
+
+
+def embedding(weight: Recordable, indices: Recordable) -> Recordable:
+    """Rows of ``weight`` picked by ``indices`` (a selection): shape ``indices.shape + [dim]``."""
+    return weight.gather(indices)
+
+
+def _last_axis_mean(x: Recordable) -> Recordable:
+    axis = x.ndim - 1
+    return x.mean_along(axis).broadcast_along(axis, x.shape[axis])
+
+
+def layer_norm(x: Recordable, weight: Recordable | None = None, bias: Recordable | None = None,
+               eps: float = 1e-5) -> Recordable:
+    """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance)."""
+    centered = x - _last_axis_mean(x)
+    y = centered / (_last_axis_mean(centered * centered) + eps).sqrt()
+    if weight is not None:
+        y = y * weight.broadcast_to(x.shape)
+    if bias is not None:
+        y = y + bias.broadcast_to(x.shape)
+    return y
+
+
+def rms_norm(x: Recordable, weight: Recordable | None = None, eps: float | None = None) -> Recordable:
+    """``x / sqrt(mean(x * x) + eps) * weight`` over the last axis.
+
+    ``eps`` defaults to the machine epsilon of the element type, as
+    ``torch.nn.RMSNorm`` does.
+    """
+    if eps is None:
+        eps = float(ml_dtypes.finfo(x.dtype).eps)
+    y = x / (_last_axis_mean(x * x) + eps).sqrt()
+    return y if weight is None else y * weight.broadcast_to(x.shape)
+
+
+__all__ = ["embedding", "layer_norm", "linear", "rms_norm"]

@@ -1,0 +1,376 @@
+"""Optimizers: one update rule each, read two ways, as derivative rules are.
+
+An optimizer's rule is written once against the recordable vocabulary
+(``+``, ``*``, ``sqrt``, ``**`` on payloads). Read on arrays it is a pure
+host transform::
+
+    state = optimizer.init(parameters)
+    parameters, state = optimizer.step(parameters, gradients, state)
+
+Read on a tape it records the same update as nodes, so one compiled call
+runs forward, backward and optimizer together, with the optimizer's state
+resident on the device beside the parameters::
+
+    updates = optimizer.record(tape.differentiate(loss, model.parameters()))
+    compiled = network.entry(updates.roots(loss)).lower().compile()
+    state = compiled.resident(network.parameters())
+    state, run = compiled.step(state, feeds, updates)
+
+In the recorded reading the optimizer's state (moments, the step count) is
+a set of *state* slots (``tape.parameter(..., trainable=False)``): in the
+parameter table, never differentiated, never built by hand. The learning
+rate is an input (``optimizer.learning_rate``) whose default is the rate
+the optimizer was built with, so a schedule feeds it per step. Both
+readings name their state alike (``optim.exp_avg.fc1.weight``,
+``optim.step``), so a checkpoint of one loads into the other.
+
+Host and exact-plan readings are bit-identical (same kernels, same
+order); a compiled step is within the backend's envelope.
+
+The step count and the learning rate have the parameters' element type
+(the vocabulary has no conversion), one per element type in use: a
+bfloat16 count is exact up to 256 steps, so train bfloat16 models from a
+float32 master copy.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Callable, ClassVar, Iterable, Mapping
+
+import numpy as np
+
+from topos import DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
+from topos.element import short_name
+from topos.provenance import user_site
+
+
+def _full(scalar, shape):
+    """A rank-0 payload filled out to ``shape`` (one broadcast node, or none for rank 0)."""
+    return scalar if tuple(shape) == () else scalar.broadcast(shape)
+
+
+class OptimizerState(Mapping):
+    """The host reading's state: a read-only mapping name -> array (moments, step counts)."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]):
+        frozen = {}
+        for name, array in arrays.items():
+            array = np.array(array)
+            array.flags.writeable = False
+            frozen[name] = array
+        self._arrays = MappingProxyType(frozen)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._arrays[name]
+        except KeyError:
+            raise SymbolError(f"the optimizer state has no entry {name!r}") from None
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def named(self) -> dict[str, np.ndarray]:
+        """A new dict name -> array (what ``topos.checkpoint.save`` writes)."""
+        return dict(self._arrays)
+
+    def __repr__(self) -> str:
+        return "OptimizerState({" + ", ".join(f"{n}: {list(a.shape)}" for n, a in self._arrays.items()) + "})"
+
+
+class Optimizer:
+    """The two readings shared by every optimizer; a subclass writes ``prepare`` and ``update``.
+
+    ``weight_decay`` applies to the parameters ``decay(name)`` accepts
+    (default: every one), e.g. ``decay=lambda name: not name.endswith("bias")``.
+    ``prefix`` starts the names of the state slots and the rate input.
+    """
+
+    buffers: ClassVar[tuple[str, ...]] = ()  # per-parameter state, named like PyTorch's
+    counts_steps: ClassVar[bool] = False
+
+    def __init__(self, lr: float, weight_decay: float = 0.0, decay: Callable[[str], bool] | None = None, *,
+                 prefix: str = "optim"):
+        if not lr > 0:
+            raise ValueError(f"{type(self).__name__}: the learning rate must be positive, got {lr!r}")
+        if weight_decay < 0:
+            raise ValueError(f"{type(self).__name__}: weight_decay must be >= 0, got {weight_decay!r}")
+        self.lr, self.weight_decay, self.prefix = lr, weight_decay, prefix
+        self._decay = decay or (lambda name: True)
+        self._rates: dict = {}
+
+    # -- the rule, written once ----------------------------------------------------------
+    def prepare(self, rate, step):
+        """Per element type: rank-0 quantities every update shares (bias corrections)."""
+        return {"rate": rate}
+
+    def update(self, name: str, parameter, gradient, buffers: dict, shared: dict):
+        """The next (parameter, buffers) of one slot; every argument is a payload of one reading."""
+        raise NotImplementedError
+
+    def _decays(self, name: str) -> bool:
+        return self.weight_decay > 0 and bool(self._decay(name))
+
+    # -- names shared by both readings ---------------------------------------------------
+    def _state_name(self, buffer: str, parameter: str) -> str:
+        return f"{self.prefix}.{buffer}.{parameter}"
+
+    def _group_name(self, what: str, dtype, dtypes) -> str:
+        return f"{self.prefix}.{what}" if len(dtypes) == 1 else f"{self.prefix}.{what}.{short_name(dtype)}"
+
+    def _step_all(self, slots, rates, steps):
+        """Run the rule over ``slots`` [(name, p, g, buffers)] grouped by element type -> new values."""
+        shared, new_steps = {}, {}
+        for dtype in rates:
+            step = steps.get(dtype)
+            if step is not None:
+                step = new_steps[dtype] = step + 1.0
+            shared[dtype] = self.prepare(rates[dtype], step)
+        results = [self.update(name, p, g, buffers, shared[p.dtype]) for name, p, g, buffers in slots]
+        return results, new_steps
+
+    # -- host reading ------------------------------------------------------------------
+    def layout(self, parameters: Parameters) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """name -> (shape, element type) of every state entry this optimizer keeps for ``parameters``."""
+        layout, dtypes = {}, _dtypes(parameters)
+        for name, array in _trainable(parameters):
+            for buffer in self.buffers:
+                layout[self._state_name(buffer, name)] = (array.shape, array.dtype)
+        if self.counts_steps:
+            for dtype in dtypes:
+                layout[self._group_name("step", dtype, dtypes)] = ((), dtype)
+        return layout
+
+    def init(self, parameters: Parameters) -> OptimizerState:
+        """Zero state for every trainable slot of ``parameters`` (and zero step counts)."""
+        return OptimizerState({n: np.zeros(shape, dtype) for n, (shape, dtype) in self.layout(parameters).items()})
+
+    def step(self, parameters: Parameters, gradients, state: OptimizerState | None = None,
+             lr: float | None = None) -> tuple[Parameters, OptimizerState]:
+        """One host step: new (parameters, state); nothing is changed in place.
+
+        ``gradients`` is a table over the same slots
+        (``run.backward(loss).parameters(parameters)``) or the Gradients
+        themselves. ``lr`` overrides the rate for this step.
+        """
+        gradients = _aligned_gradients(parameters, gradients)
+        state = self.init(parameters) if state is None else state
+        dtypes = _dtypes(parameters)
+        _check_state(self, state, parameters, dtypes)
+        rate = self.lr if lr is None else lr
+        rates = {d: Eager(np.asarray(rate, dtype=d)) for d in dtypes}
+        steps = {d: Eager(state[self._group_name("step", d, dtypes)]) for d in dtypes} if self.counts_steps else {}
+        slots = []
+        for name, array in _trainable(parameters):
+            buffers = {b: Eager(state[self._state_name(b, name)]) for b in self.buffers}
+            slots.append((name, Eager(array), Eager(gradients[name]), buffers))
+        results, new_steps = self._step_all(slots, rates, steps)
+        new_parameters, new_state = {}, dict(state.named())
+        for (name, *_), (p, buffers) in zip(slots, results):
+            new_parameters[name] = p.array
+            for b, value in buffers.items():
+                new_state[self._state_name(b, name)] = value.array
+        for d, value in new_steps.items():
+            new_state[self._group_name("step", d, dtypes)] = value.array
+        return parameters.with_payloads(new_parameters), OptimizerState(new_state)
+
+    # -- recorded reading --------------------------------------------------------------
+    def record(self, adjoints) -> Updates:
+        """Append this optimizer's update for every (parameter, gradient) of ``adjoints`` -> Updates.
+
+        Records the rate input(s), the state slots and the update nodes;
+        the Updates pair every parameter and state slot with its next value.
+        """
+        pairs = adjoints.pairs()
+        if not pairs:
+            raise DifferentiationError(f"{type(self).__name__}.record: the adjoints cover no parameter")
+        tape = pairs[0][0].tape
+        for parameter, _ in pairs:
+            if not parameter.trainable:
+                raise DifferentiationError(
+                    f"{user_site()}: {type(self).__name__}.record: {parameter.symbol!r} ({parameter.name}) is not a trainable "
+                    "parameter; optimizers update parameters (differentiate with respect to model.parameters())"
+                )
+        dtypes = list(dict.fromkeys(p.dtype for p, _ in pairs))
+        rates = {d: tape.input(np.asarray(self.lr, dtype=d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
+        self._rates = {d: v.symbol for d, v in rates.items()}
+        steps = {}
+        if self.counts_steps:
+            steps = {d: tape.parameter(np.zeros((), d), name=self._group_name("step", d, dtypes), trainable=False)
+                     for d in dtypes}
+        slots = []
+        for parameter, gradient in pairs:
+            name = parameter.name or f"%{parameter.symbol.index}"
+            buffers = {b: tape.parameter(np.zeros(parameter.shape, parameter.dtype), name=self._state_name(b, name),
+                                         trainable=False) for b in self.buffers}
+            slots.append((name, parameter, gradient, buffers))
+        results, new_steps = self._step_all(slots, rates, steps)
+        updates = []
+        for (_, parameter, _, buffers), (new, new_buffers) in zip(slots, results):
+            updates.append((parameter, new))
+            updates.extend((buffers[b], new_buffers[b]) for b in self.buffers)
+        updates.extend((steps[d], new_steps[d]) for d in new_steps)
+        return Updates(updates)
+
+    @property
+    def learning_rate(self):
+        """The Symbol of the rate input :meth:`record` made (feed it to change the rate per step)."""
+        if len(self._rates) != 1:
+            raise SymbolError(
+                "record() has not run yet" if not self._rates else
+                f"this optimizer has one rate input per element type: {self.prefix}.lr.<type>; feed them by name"
+            )
+        return next(iter(self._rates.values()))
+
+    def state_from(self, tensors: Mapping[str, np.ndarray], parameters: Parameters) -> OptimizerState:
+        """Host state for ``parameters`` taken by name from ``tensors`` (a checkpoint's), checked."""
+        expected = self.layout(parameters)
+        missing = [n for n in expected if n not in tensors]
+        wrong = [f"{n}: {list(np.shape(tensors[n]))} {np.asarray(tensors[n]).dtype}, expected "
+                 f"{list(shape)} {dtype}" for n, (shape, dtype) in expected.items()
+                 if n in tensors and (np.shape(tensors[n]) != shape or np.asarray(tensors[n]).dtype != dtype)]
+        if missing or wrong:
+            raise FeedError(
+                f"the tensors do not hold {type(self).__name__}'s state for these parameters:\n  "
+                + "\n  ".join((["missing: " + ", ".join(missing)] if missing else []) + wrong)
+            )
+        return OptimizerState({n: tensors[n] for n in expected})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lr={self.lr}, weight_decay={self.weight_decay})"
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay (PyTorch's rule).
+
+    ``g += weight_decay * p``; with momentum, ``buf = momentum * buf + g`` and
+    ``g = g + momentum * buf`` (Nesterov) or ``g = buf``; then ``p -= lr * g``.
+    """
+
+    def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                 decay=None, *, prefix: str = "optim"):
+        super().__init__(lr, weight_decay, decay, prefix=prefix)
+        if momentum < 0:
+            raise ValueError(f"SGD: momentum must be >= 0, got {momentum!r}")
+        if nesterov and momentum == 0:
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0")
+        self.momentum, self.nesterov = momentum, nesterov
+        self.buffers = ("momentum_buffer",) if momentum else ()
+
+    def update(self, name, p, g, buffers, shared):
+        if self._decays(name):
+            g = g + p * self.weight_decay
+        new_buffers = {}
+        if self.momentum:
+            velocity = buffers["momentum_buffer"] * self.momentum + g
+            new_buffers["momentum_buffer"] = velocity
+            g = g + velocity * self.momentum if self.nesterov else velocity
+        return p - _full(shared["rate"], p.shape) * g, new_buffers
+
+
+class Adam(Optimizer):
+    """Adam (PyTorch's rule): bias-corrected moments, ``weight_decay`` added to the gradient (L2).
+
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g g``, then
+    ``p -= (lr / (1 - b1**t)) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)``.
+    """
+
+    buffers = ("exp_avg", "exp_avg_sq")
+    counts_steps = True
+    decoupled = False
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, decay=None, *, prefix: str = "optim"):
+        super().__init__(lr, weight_decay, decay, prefix=prefix)
+        beta1, beta2 = betas
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+            raise ValueError(f"{type(self).__name__}: betas must lie in [0, 1), got {betas!r}")
+        self.betas, self.eps = (beta1, beta2), eps
+
+    def prepare(self, rate, step):
+        beta1, beta2 = self.betas
+        return {
+            "rate": rate,
+            "step_size": rate / (1.0 - beta1 ** step),
+            "correction": (1.0 - beta2 ** step).sqrt(),
+        }
+
+    def update(self, name, p, g, buffers, shared):
+        beta1, beta2 = self.betas
+        if self._decays(name):
+            if self.decoupled:
+                p = p * (1.0 - _full(shared["rate"], p.shape) * self.weight_decay)
+            else:
+                g = g + p * self.weight_decay
+        m = buffers["exp_avg"] * beta1 + g * (1.0 - beta1)
+        v = buffers["exp_avg_sq"] * beta2 + g * g * (1.0 - beta2)
+        denominator = v.sqrt() / _full(shared["correction"], p.shape) + self.eps
+        new = p - _full(shared["step_size"], p.shape) * m / denominator
+        return new, {"exp_avg": m, "exp_avg_sq": v}
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: ``p *= 1 - lr * weight_decay`` before the Adam step (default 0.01).
+
+    ``decay`` picks the parameters that decay by name, e.g.
+    ``decay=lambda name: name.endswith("weight") and "norm" not in name``.
+    """
+
+    decoupled = True
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, decay=None, *, prefix: str = "optim"):
+        super().__init__(lr, betas, eps, weight_decay, decay, prefix=prefix)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _trainable(parameters: Parameters) -> Iterable[tuple[str, np.ndarray]]:
+    return [(name, parameters[name]) for name in parameters.names() if parameters.trainable(name)]
+
+
+def _dtypes(parameters: Parameters) -> list:
+    return list(dict.fromkeys(array.dtype for _, array in _trainable(parameters)))
+
+
+def _aligned_gradients(parameters: Parameters, gradients) -> Parameters:
+    if isinstance(gradients, Gradients):
+        try:
+            gradients = gradients.parameters(parameters)
+        except SymbolError:
+            raise SymbolError(
+                f"{user_site()}: these gradients belong to another network than the parameters being stepped; "
+                "take them from run.backward(loss) of a run of these parameters"
+            ) from None
+    if not isinstance(gradients, Parameters):
+        raise FeedError(
+            f"{user_site()}: step takes gradients as a table (run.backward(loss).parameters(parameters)), got "
+            f"{type(gradients).__name__}"
+        )
+    if gradients._family is not parameters._family or gradients.symbols() != parameters.symbols():
+        raise SymbolError(
+            f"{user_site()}: these gradients are not over the same slots as the parameters (another network, or another "
+            "recording of it); take them from a run of the network these parameters serve"
+        )
+    return gradients
+
+
+def _check_state(optimizer: Optimizer, state, parameters: Parameters, dtypes) -> None:
+    if not isinstance(state, OptimizerState):
+        raise FeedError(
+            f"{user_site()}: the optimizer state must come from optimizer.init or step, got {type(state).__name__}"
+        )
+    expected = optimizer.layout(parameters)
+    if set(expected) != set(state) or any(expected[n][0] != state[n].shape for n in expected):
+        raise SymbolError(
+            f"{user_site()}: this {type(optimizer).__name__} state was made for other parameters "
+            f"(it has {len(state)} entries, these parameters need {len(expected)}); "
+            "start from optimizer.init(parameters)"
+        )
+
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerState"]
