@@ -14,11 +14,13 @@ benchmark times, plus the same parameters and feeds by name, so that
 
 The GPT is GPT-2's shape, scaled down: learned token and position
 embeddings (the token table picked by ``gather`` with a fed selection,
-and tied to the output projection), pre-norm blocks with LayerNorm
-written from ``mean_along`` and ``sqrt``, causal self-attention whose
-mask is a recorded leaf (0 on and below the diagonal, -1e9 above) added
-to the scores, an exact-GELU MLP of width 4 x d, a final LayerNorm, and
-mean cross-entropy from ``log_softmax`` against one-hot targets.
+and tied to the output projection), pre-norm blocks with
+``topos.nn.functional.layer_norm``, causal self-attention by
+``scaled_dot_product_attention`` with its mask a recorded leaf (0 on and
+below the diagonal, -1e9 above, ``causal_mask``) added to the scores, an
+exact-GELU MLP of width 4 x d, a final LayerNorm, and mean
+``cross_entropy`` against one-hot targets. Weights keep the ``x @ w``
+layout ``[in, out]`` the JAX and PyTorch peers in ``_peers.py`` share.
 Everything is float32.
 """
 
@@ -31,10 +33,10 @@ from itertools import pairwise
 import numpy as np
 
 import topos
+import topos.nn.functional as F
 from topos import Tape
 
 LEARNING_RATE = 0.1
-MASKED = -1e9  # added to scores above the diagonal; exp() of it underflows to 0 in float32
 EPS = 1e-5  # LayerNorm's variance floor
 
 
@@ -83,11 +85,6 @@ def _finish(name, kind, config, build, learning_rate=LEARNING_RATE) -> Workload:
     )
 
 
-def _cross_entropy(logits, targets, rows: int):
-    """Mean over rows of -sum(targets * log_softmax(logits)) (targets one-hot)."""
-    return -(logits.log_softmax(1) * targets).sum() / float(rows)
-
-
 def _one_hot(labels: np.ndarray, classes: int) -> np.ndarray:
     return np.eye(classes, dtype=np.float32)[labels]
 
@@ -122,7 +119,7 @@ def mlp(config: MlpConfig = MlpConfig(), seed: int = 0) -> Workload:
             h = h @ weights[f"w{layer}"] + weights[f"b{layer}"].broadcast_along(0, batch)
             if layer < layers - 1:
                 h = h.tanh()
-        loss = _cross_entropy(h, targets, batch)
+        loss = F.cross_entropy(h, targets)
         return loss, weights, {"x": (x, images), "targets": (targets, labels)}
 
     name = f"MLP {'-'.join(map(str, sizes))}, batch {batch}"
@@ -147,8 +144,8 @@ class GptConfig:
 
 
 def causal_mask(context: int) -> np.ndarray:
-    """0 where a position may attend (itself and earlier), MASKED above the diagonal."""
-    return np.triu(np.full((context, context), MASKED, np.float32), k=1)
+    """0 where a position may attend (itself and earlier), -1e9 above the diagonal (float32)."""
+    return F.causal_mask(context)
 
 
 def gpt_initial(config: GptConfig, rng: np.random.Generator) -> dict:
@@ -178,15 +175,6 @@ def _rows(vector, rows: int):
     return vector.broadcast_along(0, rows)
 
 
-def _layer_norm(x, gain, bias):
-    """LayerNorm over the last axis of [rows, d]: (x - mean) / sqrt(var + eps) * gain + bias."""
-    rows, d = x.shape
-    mean = x.mean_along(1).broadcast_along(1, d)
-    centered = x - mean
-    variance = (centered * centered).mean_along(1).broadcast_along(1, d)
-    return centered / (variance + EPS).sqrt() * _rows(gain, rows) + _rows(bias, rows)
-
-
 def _linear(x, w, b):
     return x @ w + _rows(b, x.shape[0])
 
@@ -200,12 +188,8 @@ def _attention(x, w, p: str, mask, config: GptConfig):
     def heads(k: int, order):
         return qkv.narrow(1, k * d, d).reshape((b, t, h, head)).permute(order)
 
-    q = heads(0, (0, 2, 1, 3))  # [b, h, t, head]
-    k = heads(1, (0, 2, 3, 1))  # [b, h, head, t]
-    v = heads(2, (0, 2, 1, 3))  # [b, h, t, head]
-    scores = (q @ k) * (1.0 / math.sqrt(head)) + mask
-    weights = scores.softmax(3)
-    y = (weights @ v).permute((0, 2, 1, 3)).reshape((b * t, d))
+    q, k, v = (heads(i, (0, 2, 1, 3)) for i in range(3))  # [b, h, t, head]
+    y = F.scaled_dot_product_attention(q, k, v, mask).permute((0, 2, 1, 3)).reshape((b * t, d))
     return _linear(y, w[p + "attn.w_out"], w[p + "attn.b_out"])
 
 
@@ -237,12 +221,12 @@ def gpt(config: GptConfig = GptConfig(), seed: int = 0) -> Workload:
         x = (embedded + positions).reshape((b * t, config.width))
         for layer in range(config.layers):
             p = f"h{layer}."
-            x = x + _attention(_layer_norm(x, w[p + "ln1.gain"], w[p + "ln1.bias"]), w, p, mask, config)
-            hidden = _linear(_layer_norm(x, w[p + "ln2.gain"], w[p + "ln2.bias"]), w[p + "mlp.w_in"], w[p + "mlp.b_in"])
+            x = x + _attention(F.layer_norm(x, w[p + "ln1.gain"], w[p + "ln1.bias"], EPS), w, p, mask, config)
+            hidden = _linear(F.layer_norm(x, w[p + "ln2.gain"], w[p + "ln2.bias"], EPS), w[p + "mlp.w_in"], w[p + "mlp.b_in"])
             x = x + _linear(hidden.gelu(), w[p + "mlp.w_out"], w[p + "mlp.b_out"])
-        x = _layer_norm(x, w["ln_f.gain"], w["ln_f.bias"])
+        x = F.layer_norm(x, w["ln_f.gain"], w["ln_f.bias"], EPS)
         logits = x @ w["token_embedding"].permute((1, 0))  # tied: [b*t, d] @ [d, v]
-        loss = _cross_entropy(logits, targets, b * t)
+        loss = F.cross_entropy(logits, targets)
         return loss, w, {"tokens": (token_input, fed_tokens), "targets": (targets, labels)}
 
     name = (f"GPT {config.layers}x{config.width}, {config.heads} heads, context {t}, "

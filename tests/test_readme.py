@@ -1,18 +1,24 @@
-"""The README's code runs as written: its python blocks, in order, in one namespace."""
+"""The README's code and the facades guide run as written: their python blocks, in order, in one namespace."""
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("document", ["README.md", "docs/facades.md"])
+def test_python_blocks_run(tmp_path, monkeypatch, capsys, document):
     monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    monkeypatch.chdir(tmp_path)  # files the examples write land here
+    path = ROOT / document
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
     assert len(blocks) >= 3
     namespace: dict = {}
     for block in blocks:
-        exec(compile(block, str(README), "exec"), namespace)
+        exec(compile(block, str(path), "exec"), namespace)
 
 
 def test_readme_first_block_is_the_two_commands():
