@@ -135,6 +135,10 @@ def test_initial_weights_come_from_the_recordings_seed_or_a_given_generator():
     assert np.array_equal(given.parameters()[w4], other.parameters()[w3])
     ones, w5 = Tape.record(lambda tape: nn.Linear(3, 2, init=topos.init.ones()).weight)
     assert np.array_equal(ones.parameters()[w5], np.ones((2, 3), F32))
+    norm, (scale, shift) = Tape.record(
+        lambda tape: (lambda m: (m.weight, m.bias))(nn.LayerNorm(3, init=topos.init.constant(2.0),
+                                                                 bias_init=topos.init.uniform(-1, 1))))
+    assert np.array_equal(norm.parameters()[scale], np.full(3, 2.0, F32)) and norm.parameters()[shift].any()
 
 
 def test_the_module_tree_is_walkable():

@@ -174,6 +174,14 @@ class Flatten(Module):
         return x.reshape((x.shape[0], -1))
 
 
+def _affine(features: int, dtype, weight: bool, bias: bool, init, bias_init, generator):
+    """A normalization's scale (ones by default) and shift (zeros) as Parameters, or None where absent."""
+    g = _generator(generator)
+    scale = Parameter((init or initializers.ones())(g, (features,), dtype)) if weight else None
+    shift = Parameter((bias_init or initializers.zeros())(g, (features,), dtype)) if bias else None
+    return scale, shift
+
+
 def _channels_last_rows(x):
     """[N, C, ...] as [rows, C] rows (and how to undo it): batch norm normalizes each channel."""
     if x.ndim == 2:
@@ -197,11 +205,10 @@ class BatchNorm(Module):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True, *,
-                 dtype=np.float32):
+                 dtype=np.float32, init=None, bias_init=None, generator=None):
         super().__init__()
         self.num_features, self.eps, self.momentum, self.dtype = num_features, eps, momentum, np.dtype(dtype)
-        self.weight = Parameter(np.ones(num_features, dtype)) if affine else None
-        self.bias = Parameter(np.zeros(num_features, dtype)) if affine else None
+        self.weight, self.bias = _affine(num_features, dtype, affine, affine, init, bias_init, generator)
         self.running_mean = Buffer(np.zeros(num_features, dtype))
         self.running_var = Buffer(np.ones(num_features, dtype))
 
@@ -228,7 +235,7 @@ class LayerNorm(Module):
     """Normalization over the last axis with ``weight`` (ones) and ``bias`` (zeros) of ``[normalized_shape]``."""
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, *, dtype=np.float32):
+                 bias: bool = True, *, dtype=np.float32, init=None, bias_init=None, generator=None):
         super().__init__()
         if not isinstance(normalized_shape, int):
             shape = tuple(normalized_shape)
@@ -236,8 +243,8 @@ class LayerNorm(Module):
                 raise ValueError(f"LayerNorm normalizes the last axis; normalized_shape {shape} has more than one")
             normalized_shape = shape[0]
         self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, np.dtype(dtype)
-        self.weight = Parameter(np.ones(normalized_shape, dtype)) if elementwise_affine else None
-        self.bias = Parameter(np.zeros(normalized_shape, dtype)) if elementwise_affine and bias else None
+        self.weight, self.bias = _affine(normalized_shape, dtype, elementwise_affine, elementwise_affine and bias,
+                                         init, bias_init, generator)
 
     def forward(self, x):
         self.check_input(x, self.normalized_shape, dtype=self.dtype)
@@ -251,10 +258,10 @@ class RmsNorm(Module):
     """Root-mean-square normalization over the last axis with a ``weight`` (ones); PyTorch's ``nn.RMSNorm``."""
 
     def __init__(self, normalized_shape: int, eps: float | None = None, elementwise_affine: bool = True, *,
-                 dtype=np.float32):
+                 dtype=np.float32, init=None, generator=None):
         super().__init__()
         self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, np.dtype(dtype)
-        self.weight = Parameter(np.ones(normalized_shape, dtype)) if elementwise_affine else None
+        self.weight, _ = _affine(normalized_shape, dtype, elementwise_affine, False, init, None, generator)
 
     def forward(self, x):
         self.check_input(x, self.normalized_shape, dtype=self.dtype)
