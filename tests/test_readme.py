@@ -1,4 +1,4 @@
-"""The README's code and the facades guide run as written: their python blocks, in order, in one namespace."""
+"""The README and the guides run as written (README, facades, recording): each one's python blocks, in order, in one namespace."""
 
 import re
 from pathlib import Path
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/facades.md"])
+@pytest.mark.parametrize("document", ["README.md", "docs/facades.md", "docs/recording.md"])
 def test_python_blocks_run(tmp_path, monkeypatch, capsys, document):
     monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # files the examples write land here

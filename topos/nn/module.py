@@ -299,31 +299,6 @@ def _current():
         return None
 
 
-class Sequential(Module):
-    """Modules applied in order; children are named ``0``, ``1``, ... as in PyTorch."""
-
-    def __init__(self, *modules: Module):
-        super().__init__()
-        for position, module in enumerate(modules):
-            if not isinstance(module, Module):
-                raise TypeError(f"Sequential takes modules; item {position} is a {type(module).__name__}")
-            setattr(self, str(position), module)
-
-    def __len__(self) -> int:
-        return len(self._children)
-
-    def __getitem__(self, position: int) -> Module:
-        return list(self._children.values())[position]
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(list(self._children.values()))
-
-    def forward(self, x):
-        for module in self._children.values():
-            x = module(x)
-        return x
-
-
 class ModuleList(Module):
     """A list of modules named ``0``, ``1``, ...; the caller decides how to call them."""
 
@@ -333,6 +308,8 @@ class ModuleList(Module):
             self.append(module)
 
     def append(self, module: Module) -> "ModuleList":
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__} holds modules; item {len(self)} is a {type(module).__name__}")
         setattr(self, str(len(self._children)), module)
         return self
 
@@ -344,3 +321,15 @@ class ModuleList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(list(self._children.values()))
+
+
+class Sequential(ModuleList):
+    """Modules applied in order; children are named ``0``, ``1``, ... as in PyTorch."""
+
+    def __init__(self, *modules: Module):
+        super().__init__(modules)
+
+    def forward(self, x):
+        for module in self._children.values():
+            x = module(x)
+        return x
