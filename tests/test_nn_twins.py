@@ -363,6 +363,46 @@ CASES.update({
 })
 
 
+def _hand_conv2d(t):
+    from test_patterns import hand_conv
+
+    x, w, b = t.leaf(IMAGE), t.parameter(np.ones((4, 3, 3, 3), F32)), t.parameter(np.ones(4, F32))
+    product = hand_conv(x, w, (2, 1), (1, 1))["product"]  # [B*OH*OW, F]
+    out = product.reshape((2, 3, 6, 4)).permute((0, 3, 1, 2))
+    return out + b.broadcast_along(1, 3).broadcast_along(2, 6).broadcast_along(0, 2)
+
+
+def _facade_conv2d(t):
+    x, w, b = t.leaf(IMAGE), t.parameter(np.ones((4, 3, 3, 3), F32)), t.parameter(np.ones(4, F32))
+    return F.conv2d(x, w, b, stride=(2, 1), padding=1)
+
+
+def _hand_max_pool(t):
+    from test_patterns import hand_pool
+
+    return hand_pool(t.leaf(IMAGE), 3, 2)["out"]
+
+
+def _hand_batch_norm_function(t):
+    from test_patterns import hand_batch_norm
+
+    x, scale, shift = _x(t), t.parameter(np.ones(6, F32)), t.parameter(np.zeros(6, F32))
+    steps = hand_batch_norm(x, scale, shift, 1e-5)
+    return steps["out"], steps["mean"], steps["variance"]
+
+
+def _facade_batch_norm_function(t):
+    x, scale, shift = _x(t), t.parameter(np.ones(6, F32)), t.parameter(np.zeros(6, F32))
+    return F.batch_norm(x, scale, shift, 1e-5)
+
+
+CASES.update({
+    "conv2d": (_facade_conv2d, _hand_conv2d),
+    "max_pool": (lambda t: F.max_pool(t.leaf(IMAGE), 3, 2), _hand_max_pool),
+    "batch_norm": (_facade_batch_norm_function, _hand_batch_norm_function),
+})
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_facade_and_hand_written_twin_record_the_same_spec_and_bits(case):
     facade, hand = CASES[case]
