@@ -145,7 +145,7 @@ class GptConfig:
 
 def causal_mask(context: int) -> np.ndarray:
     """0 where a position may attend (itself and earlier), -1e9 above the diagonal (float32)."""
-    return F.causal_mask(context)
+    return np.array(F.causal_mask(context))  # writable: the PyTorch peer wraps it
 
 
 def gpt_initial(config: GptConfig, rng: np.random.Generator) -> dict:

@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .copies import own
+from .element import convert
 from .errors import DifferentiationError, SymbolError
 from .recordable import Eager
 
@@ -77,6 +79,10 @@ class Gradients:
         self._target = target
 
     def __getitem__(self, symbol) -> np.ndarray:
+        """A read-only copy of d target / d ``symbol`` (zeros where the target does not depend on it)."""
+        return own(self._field(symbol))
+
+    def _field(self, symbol) -> np.ndarray:
         i = self._network.check(symbol)
         array = self._arrays.get(i)
         if array is None:
@@ -96,7 +102,7 @@ class Gradients:
 
         if parameters._family is not self._network.family:
             raise SymbolError("these Parameters belong to another network family")
-        return parameters._like([(s, self[s]) for s in parameters.symbols()])
+        return parameters._like([(s, self._field(s)) for s in parameters.symbols()])
 
     def __repr__(self) -> str:
         target = "a sum" if self._target is None else f"%{self._target}"
@@ -105,7 +111,7 @@ class Gradients:
     # -- algebra: accumulate over micro-batches or data-parallel shards -------------------
     def map(self, fn) -> "Gradients":
         """A new field with ``fn(array)`` at every reached node (unreached nodes still read as zeros)."""
-        return Gradients(self._network, {i: _frozen(fn(a)) for i, a in self._arrays.items()}, self._target)
+        return Gradients(self._network, {i: _frozen(fn(own(a))) for i, a in self._arrays.items()}, self._target)
 
     def zip(self, *fields_then_fn) -> "Gradients":
         """A new field with ``fn(mine, theirs, ...)`` at every node any of them reached.
@@ -276,7 +282,7 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
     elif isinstance(seed, Value) or hasattr(seed, "symbol"):
         seed_value = _on_tape(tape, seed, "seed")
     else:
-        seed_value = tape.leaf(np.asarray(seed, dtype=spec.dtype))
+        seed_value = tape.leaf(convert(seed, spec.dtype))
     if seed_value.shape != spec.shape or seed_value.dtype != spec.dtype:
         raise DifferentiationError(
             f"the seed has shape {list(seed_value.shape)} {seed_value.dtype}, "

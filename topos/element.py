@@ -60,26 +60,67 @@ def round_to(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array.astype(dtype)
 
 
+def convert(value, dtype) -> np.ndarray:
+    """``value`` (a number, a list, an array) as an array of element type ``dtype``, rounded once.
+
+    Every conversion of a user's number into a tensor goes through here:
+    feeds, Python scalars beside a Value, replaced slots, learning rates.
+    NumPy's cast into bfloat16 (ml_dtypes) goes through float32 and so
+    rounds twice (``1 + 2**-8 + 2**-30`` becomes 1.0, not ``1 + 2**-7``);
+    a source wider than float32 is therefore widened exactly to float64
+    and rounded once by ``refmath.round_once``.
+    """
+    dtype = np.dtype(dtype)
+    array = np.asarray(value)
+    if array.dtype == dtype:
+        return array
+    if dtype == bfloat16 and array.dtype not in (float32, bfloat16):
+        from .refmath import round_once
+
+        return round_once(array.astype(np.float64), dtype)
+    return array.astype(dtype)
+
+
 @dataclass(frozen=True)
 class Selection:
     """Indices into a table of ``extent`` rows, recorded as a leaf or fed as an input.
 
     Build one with ``topos.selection(indices, extent)`` and pass it to
     ``tape.leaf`` or ``tape.input``; a fed selection is a plain integer array.
+    Constructing one directly validates it the same way.
     """
 
     indices: np.ndarray
     extent: int
 
+    def __post_init__(self):
+        extent = self.extent
+        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:
+            raise ValueError(f"selection extent must be a positive integer, got {extent!r}")
+        array = integer_indices(self.indices)
+        check_indices(array, int(extent))
+        array.flags.writeable = False
+        object.__setattr__(self, "indices", array)
+        object.__setattr__(self, "extent", int(extent))
+
 
 def selection(indices, extent: int) -> Selection:
-    """Index payload for gather/scatter: ``indices`` must lie in ``[0, extent)``."""
-    array = np.array(indices, dtype=np.int64)
-    if not isinstance(extent, (int, np.integer)) or extent < 1:
-        raise ValueError(f"selection extent must be a positive integer, got {extent!r}")
-    check_indices(array, int(extent))
-    array.flags.writeable = False
-    return Selection(array, int(extent))
+    """Index payload for gather/scatter: integers, each in ``[0, extent)``."""
+    return Selection(indices, extent)
+
+
+def integer_indices(indices) -> np.ndarray:
+    """A fresh int64 array of ``indices``, refusing anything that is not integers (floats, booleans)."""
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu":
+        kind = "booleans (a mask, not indices)" if array.dtype.kind == "b" else f"{array.dtype} values"
+        raise ValueError(
+            f"selection indices must be integers, got {kind}; convert deliberately, e.g. "
+            "np.flatnonzero(mask) for a mask or np.round(x).astype(int) for whole floats"
+        )
+    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise ValueError("selection indices do not fit in int64")
+    return np.array(array, dtype=np.int64)
 
 
 def check_indices(array: np.ndarray, extent: int) -> None:

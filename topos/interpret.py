@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .element import SelectionType, check_indices, short_name
+from .element import Selection, SelectionType, check_indices, convert, integer_indices, short_name
 from .errors import FeedError, SymbolError
 from .run import Run
 
@@ -67,14 +67,14 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
 def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = None) -> np.ndarray:
     where = f"input %{i}{f' ({name})' if name else ''} (recorded at {site})"
     if isinstance(spec.dtype, SelectionType):
+        if isinstance(value, Selection):
+            value = value.indices
         array = _as_array(where, value, spec)
-        if array.dtype.kind not in "iu":
-            raise FeedError(f"{where} is a selection; feed integer indices, got {array.dtype}")
-        array = array.astype(np.int64)
         try:
+            array = integer_indices(array)
             check_indices(array, spec.dtype.extent)
         except ValueError as error:
-            raise FeedError(f"{where}: {error}") from None
+            raise FeedError(f"{where} is a selection: {error}") from None
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
         if array.dtype != spec.dtype:
@@ -96,7 +96,12 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
 def _as_array(where, value, spec, dtype=None) -> np.ndarray:
     # A ragged list or a string fails inside NumPy; say which input and what it expects.
     try:
-        return np.asarray(value, dtype=dtype)
+        array = np.asarray(value)
+        if dtype is None:
+            return array
+        if array.dtype.kind not in "fiub" and array.dtype != dtype:
+            raise TypeError(f"elements of type {array.dtype} are not numbers")
+        return convert(array, dtype)
     except (TypeError, ValueError) as error:
         raise FeedError(
             f"{where} expects {list(spec.shape)} {short_name(spec.dtype)}; "

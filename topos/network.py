@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .copies import own
 from .element import short_name
 from .errors import SealedError, SymbolError
 from .opcodes import Opcode, Spec
@@ -157,9 +158,10 @@ class Network:
     def payload(self, symbol: Symbol) -> np.ndarray | None:
         """The recorded payload of a source (leaf value, parameter initial, input default).
 
-        A required input has none.
+        A required input has none. The array is a read-only copy: the spec's own never leaves it.
         """
-        return self._payloads.get(self.check(symbol))
+        payload = self._payloads.get(self.check(symbol))
+        return None if payload is None else own(payload)
 
     def name(self, symbol: Symbol) -> str:
         """The name of a parameter or input: its given name or module path, else ``%<index>``."""

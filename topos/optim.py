@@ -41,7 +41,8 @@ from typing import Callable, ClassVar, Iterable, Mapping
 import numpy as np
 
 from topos import DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
-from topos.element import short_name
+from topos.copies import own
+from topos.element import convert, short_name
 from topos.provenance import user_site
 
 
@@ -62,8 +63,9 @@ class OptimizerState(Mapping):
         self._arrays = MappingProxyType(frozen)
 
     def __getitem__(self, name: str) -> np.ndarray:
+        """A read-only copy of one entry."""
         try:
-            return self._arrays[name]
+            return own(self._arrays[name])
         except KeyError:
             raise SymbolError(f"the optimizer state has no entry {name!r}") from None
 
@@ -74,8 +76,8 @@ class OptimizerState(Mapping):
         return len(self._arrays)
 
     def named(self) -> dict[str, np.ndarray]:
-        """A new dict name -> array (what ``topos.checkpoint.save`` writes)."""
-        return dict(self._arrays)
+        """A new dict name -> read-only copy (what ``topos.checkpoint.save`` writes)."""
+        return {name: own(array) for name, array in self._arrays.items()}
 
     def __repr__(self) -> str:
         return "OptimizerState({" + ", ".join(f"{n}: {list(a.shape)}" for n, a in self._arrays.items()) + "})"
@@ -161,7 +163,7 @@ class Optimizer:
         dtypes = _dtypes(parameters)
         _check_state(self, state, parameters, dtypes)
         rate = self.lr if lr is None else lr
-        rates = {d: Eager(np.asarray(rate, dtype=d)) for d in dtypes}
+        rates = {d: Eager(convert(rate, d)) for d in dtypes}
         steps = {d: Eager(state[self._group_name("step", d, dtypes)]) for d in dtypes} if self.counts_steps else {}
         slots = []
         for name, array in _trainable(parameters):
@@ -195,7 +197,7 @@ class Optimizer:
                     "parameter; optimizers update parameters (differentiate with respect to model.parameters())"
                 )
         dtypes = list(dict.fromkeys(p.dtype for p, _ in pairs))
-        rates = {d: tape.input(np.asarray(self.lr, dtype=d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
+        rates = {d: tape.input(convert(self.lr, d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
         self._rates = {d: v.symbol for d, v in rates.items()}
         steps = {}
         if self.counts_steps:

@@ -13,6 +13,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .copies import own
+from .element import convert
 from .errors import FeedError, SymbolError
 from .symbol import Family, Symbol
 
@@ -62,12 +64,12 @@ class Parameters:
 
     def __deepcopy__(self, memo) -> "Parameters":
         # Fresh arrays, same family: the copy must still serve the same network.
-        return self._like(list(self.items()))
+        return self._like(list(zip(self._symbols, self._arrays)))
 
     # -- reading ---------------------------------------------------------------------------
     def __getitem__(self, symbol: Symbol | str) -> np.ndarray:
-        """The array of a slot, by Symbol or by name (``parameters["fc1.weight"]``)."""
-        return self._arrays[self._slot(symbol)]
+        """A read-only copy of a slot's array, by Symbol or by name (``parameters["fc1.weight"]``)."""
+        return own(self._arrays[self._slot(symbol)])
 
     def __contains__(self, symbol) -> bool:
         if isinstance(symbol, str):
@@ -88,10 +90,12 @@ class Parameters:
         return self._symbols
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        return self._arrays
+        """Read-only copies of every slot's array, in slot order."""
+        return tuple(own(a) for a in self._arrays)
 
     def items(self):
-        return zip(self._symbols, self._arrays)
+        """(Symbol, read-only copy of its array) per slot."""
+        return zip(self._symbols, (own(a) for a in self._arrays))
 
     def names(self) -> tuple[str, ...]:
         """The name of every slot, in slot order (``%<index>`` for an unnamed one)."""
@@ -101,8 +105,8 @@ class Parameters:
         return self._names[self._slot(symbol)]
 
     def named(self) -> dict[str, np.ndarray]:
-        """A new dict name -> array over every slot, in slot order (the arrays are read-only)."""
-        return dict(zip(self._names, self._arrays))
+        """A new dict name -> array over every slot, in slot order (read-only copies)."""
+        return dict(zip(self._names, (own(a) for a in self._arrays)))
 
     def symbol(self, name: str) -> Symbol:
         """The Symbol of the slot called ``name``."""
@@ -143,7 +147,7 @@ class Parameters:
             if new.dtype != old.dtype:
                 if new.dtype.kind not in "fV":
                     raise FeedError(f"parameter {name}: the update has element type {new.dtype}")
-                new = new.astype(old.dtype)
+                new = convert(new, old.dtype)
             checked.append(new)
         return self._like(list(zip(self._symbols, checked)))
 
@@ -157,8 +161,8 @@ class Parameters:
             )
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> "Parameters":
-        """A new table with ``fn`` applied to every slot."""
-        return self._rebuilt([fn(a) for a in self._arrays])
+        """A new table with ``fn`` applied to (a copy of) every slot."""
+        return self._rebuilt([fn(own(a)) for a in self._arrays])
 
     def zip(self, *tables_then_fn) -> "Parameters":
         """A new table with ``fn(mine, theirs, ...)`` per slot: ``a.zip(b, c, fn)``.
@@ -172,7 +176,8 @@ class Parameters:
             raise TypeError("zip takes the tables first and the function last: a.zip(b, fn)")
         for other in others:
             self._aligned(other)
-        return self._rebuilt([fn(*arrays) for arrays in zip(self._arrays, *(o._arrays for o in others))])
+        rows = zip(self._arrays, *(o._arrays for o in others))
+        return self._rebuilt([fn(*(own(a) for a in arrays)) for arrays in rows])
 
     def step(self, direction: "Parameters", rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> "Parameters":
         """The next state: ``rule(parameter, direction)`` per slot (for example ``p - g * lr``)."""
@@ -206,13 +211,13 @@ class Parameters:
         fresh = network.parameters()
         if fresh._family is not self._family:
             raise SymbolError("carried: the network belongs to another tape family")
-        mine = {s.index: a for s, a in self.items()}
-        return fresh._like([(s, mine.get(s.index, a)) for s, a in fresh.items()])
+        mine = dict(zip((s.index for s in self._symbols), self._arrays))
+        return fresh._like([(s, mine.get(s.index, a)) for s, a in zip(fresh._symbols, fresh._arrays)])
 
 
 def by_names(table: Parameters, source, strict: bool) -> Parameters:
     """``table`` with every slot taken by name from ``source`` (a Parameters table or a mapping)."""
-    named = source.named() if isinstance(source, Parameters) else dict(source)
+    named = dict(zip(source._names, source._arrays)) if isinstance(source, Parameters) else dict(source)
     missing, mismatched, arrays = [], [], []
     for name, initial in zip(table._names, table._arrays):
         if name not in named:

@@ -50,7 +50,9 @@ class Recordable:
         if isinstance(other, Recordable):
             return other
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            return self._constant(np.full(self.shape, other, dtype=self.dtype))
+            from .element import convert
+
+            return self._constant(convert(np.full(self.shape, other, dtype=np.float64), self.dtype))
         if isinstance(other, np.ndarray):
             if other.dtype != self.dtype:
                 from .errors import ShapeError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .copies import own
 from .errors import SymbolError
 
 
@@ -22,6 +23,10 @@ class Run:
         return self._network
 
     def __getitem__(self, symbol) -> np.ndarray:
+        """A read-only copy of the value this run computed (or was fed) for ``symbol``."""
+        return own(self._value(symbol))
+
+    def _value(self, symbol) -> np.ndarray:
         i = self._network.check(symbol)
         if self._readable is not None and i not in self._readable:
             raise SymbolError(
@@ -44,7 +49,7 @@ class Run:
 
     def __contains__(self, symbol) -> bool:
         try:
-            self[symbol]
+            self._value(symbol)
         except SymbolError:
             return False
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .element import convert
 from .errors import DifferentiationError
 
 
@@ -83,6 +84,6 @@ def sgd(tape, adjoints, learning_rate) -> Updates:
         if hasattr(learning_rate, "symbol"):
             rate = learning_rate if gradient.shape == () else learning_rate.broadcast(gradient.shape)
         else:
-            rate = tape.leaf(np.full(gradient.shape, learning_rate, dtype=gradient.dtype))
+            rate = tape.leaf(convert(np.full(gradient.shape, learning_rate, dtype=np.float64), gradient.dtype))
         pairs.append((parameter, parameter - rate * gradient))
     return Updates(pairs)

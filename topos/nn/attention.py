@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from topos import Recordable, ShapeError
+from topos.element import convert
 from topos.provenance import user_site
 
 MASKED = -1e9  # added to a masked score: exp() of it is exactly 0 next to any score of ordinary size
@@ -19,7 +20,7 @@ def causal_mask(length: int, source_length: int | None = None, dtype=np.float32)
     takes it as ``mask``). Top-left aligned like PyTorch's ``is_causal``.
     """
     columns = length if source_length is None else source_length
-    mask = np.triu(np.full((length, columns), MASKED, dtype=np.float64), k=1).astype(dtype)
+    mask = np.array(convert(np.triu(np.full((length, columns), MASKED, dtype=np.float64), k=1), dtype))
     mask.flags.writeable = False
     return mask
 
@@ -59,7 +60,7 @@ def scaled_dot_product_attention(query: Recordable, key: Recordable, value: Reco
         masks.append(causal_mask(length, source, query.dtype))
     for m in masks:
         if not isinstance(m, Recordable):
-            m = query.tape.leaf(np.asarray(m, dtype=query.dtype))
+            m = query.tape.leaf(convert(m, query.dtype))
         scores = scores + m.broadcast_to(scores.shape)
     return scores.softmax(scores.ndim - 1) @ value
 
