@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from .errors import ShapeError
+
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
@@ -81,7 +83,7 @@ def convert(value, dtype) -> np.ndarray:
     return array.astype(dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Selection:
     """Indices into a table of ``extent`` rows, recorded as a leaf or fed as an input.
 
@@ -93,10 +95,17 @@ class Selection:
     indices: np.ndarray
     extent: int
 
-    def __post_init__(self):
+    # Written out rather than generated: a generated __init__ has no source file, and an
+    # error's site must be the user's line.
+    def __init__(self, indices, extent: int):
+        object.__setattr__(self, "indices", indices)
+        object.__setattr__(self, "extent", extent)
+        self._validate()
+
+    def _validate(self):
         extent = self.extent
         if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:
-            raise ValueError(f"selection extent must be a positive integer, got {extent!r}")
+            raise ShapeError(f"selection extent must be a positive integer, got {extent!r}")
         array = integer_indices(self.indices)
         check_indices(array, int(extent))
         array.flags.writeable = False
@@ -114,20 +123,22 @@ def integer_indices(indices) -> np.ndarray:
     array = np.asarray(indices)
     if array.dtype.kind not in "iu":
         kind = "booleans (a mask, not indices)" if array.dtype.kind == "b" else f"{array.dtype} values"
-        raise ValueError(
+        raise ShapeError(
             f"selection indices must be integers, got {kind}; convert deliberately, e.g. "
             "np.flatnonzero(mask) for a mask or np.round(x).astype(int) for whole floats"
         )
     if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
-        raise ValueError("selection indices do not fit in int64")
+        raise ShapeError("selection indices do not fit in int64")
     return np.array(array, dtype=np.int64)
 
 
 def check_indices(array: np.ndarray, extent: int) -> None:
-    """Raise ValueError naming the first index outside ``[0, extent)``."""
+    """Raise a ShapeError (a ValueError) naming the first index outside ``[0, extent)``."""
     bad = (array < 0) | (array >= extent)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"selection index {int(array[where])} at position {where} is outside [0, {extent})"
+        raise ShapeError(
+            f"selection index {int(array[where])} at position {where} is outside [0, {extent}); "
+            f"a selection picks rows of a table of {extent} rows: filter or clip the indices, or declare "
+            "the extent of the table they index"
         )

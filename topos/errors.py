@@ -7,29 +7,47 @@ class ToposError(Exception):
     """Base of every error topos raises on purpose."""
 
 
-class ShapeError(ToposError, ValueError):
+class _AtTheUsersLine(ToposError):
+    """An error of the core: its message starts with the user's line, the call that failed.
+
+    The site is the innermost frame outside topos (``provenance.user_site``);
+    a message that already starts with it (record-time errors name it
+    themselves) is left as it is.
+    """
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            from .provenance import UNKNOWN, user_site
+
+            site = user_site()
+            if site is not UNKNOWN and not args[0].startswith(str(site)):
+                args = (f"{site}: {args[0]}", *args[1:])
+        super().__init__(*args)
+
+
+class ShapeError(_AtTheUsersLine, ValueError):
     """A recorded operation got operands whose shapes or element types do not fit."""
 
 
-class FeedError(ToposError, ValueError):
+class FeedError(_AtTheUsersLine, ValueError):
     """A run was fed something that does not match the recorded input."""
 
 
-class SymbolError(ToposError, LookupError):
+class SymbolError(_AtTheUsersLine, LookupError):
     """A symbol was used where it does not belong (another tape, unknown, or undeclared)."""
 
 
-class SealedError(ToposError, RuntimeError):
+class SealedError(_AtTheUsersLine, RuntimeError):
     """A value was used after its tape was sealed, or a sealed spec was asked to change."""
 
 
-class DifferentiationError(ToposError, ValueError):
+class DifferentiationError(_AtTheUsersLine, ValueError):
     """A derivative was asked for something reverse mode cannot differentiate."""
 
 
-class RecordingError(ToposError, RuntimeError):
+class RecordingError(_AtTheUsersLine, RuntimeError):
     """Something that records (a module, an optimizer) was used with no recording in progress, or on another one."""
 
 
-class CheckpointError(ToposError, ValueError):
+class CheckpointError(_AtTheUsersLine, ValueError):
     """A checkpoint file could not be written or read, or does not fit the network it is loaded into."""

@@ -16,7 +16,7 @@ from .copies import own
 from .element import short_name
 from .errors import SealedError, SymbolError
 from .opcodes import Opcode, Spec
-from .provenance import Site
+from .provenance import Site, user_site
 from .symbol import Family, Symbol
 
 
@@ -251,12 +251,11 @@ class Network:
         """A tape continuing this spec: every symbol stays valid; each network reopens once."""
         from .tape import Tape
 
-        if len(self) in self._family.reopened_at:
+        if not self._family.claim_reopening(len(self)):
             raise SealedError(
-                "this network was already reopened; history stays linear, so continue "
+                f"{user_site()}: this network was already reopened; history stays linear, so continue "
                 "from the network that reopening produced"
             )
-        self._family.reopened_at.add(len(self))
         tape = Tape(_family=self._family)
         tape._opcodes = list(self._opcodes)
         tape._operands = list(self._operands)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 
 _PACKAGE_ROOTS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
     for p in (__file__, os.path.join(os.path.dirname(__file__), "..", "dialect", "x"))
+)
+# The standard library is skipped too: copy.deepcopy(network) or a functools.partial is called
+# from the user's line, and that line is the one to name.
+_STANDARD_LIBRARY = tuple(
+    os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")
+)
+_SITE_PACKAGES = tuple(
+    os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("purelib", "platlib")
 )
 
 
@@ -30,7 +39,10 @@ UNKNOWN = Site("<unknown>", 0, "<unknown>")
 
 @functools.lru_cache(maxsize=None)
 def _is_internal(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE_ROOTS)
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_ROOTS):
+        return True
+    return path.startswith(_STANDARD_LIBRARY) and not path.startswith(_SITE_PACKAGES)
 
 
 def user_site() -> Site:

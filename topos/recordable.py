@@ -49,6 +49,13 @@ class Recordable:
         """A Python number or an array beside a payload becomes a constant of its shape and dtype."""
         if isinstance(other, Recordable):
             return other
+        if not isinstance(self.dtype, np.dtype):
+            from .errors import ShapeError
+
+            raise ShapeError(
+                f"a selection ({self.shape} {self.dtype}) has no arithmetic; selections are indices, "
+                "used only as the index operand of gather or scatter"
+            )
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
             from .element import convert
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 
 _families = itertools.count(1)
@@ -11,13 +12,22 @@ _families = itertools.count(1)
 class Family:
     """The identity shared by a tape and every network sealed or reopened from it."""
 
-    __slots__ = ("number", "reopened_at")
+    __slots__ = ("number", "reopened_at", "_lock")
 
     def __init__(self):
         self.number = next(_families)
         # Lengths of the networks already reopened: history stays linear, so
         # each sealed prefix may be continued once.
         self.reopened_at: set[int] = set()
+        self._lock = threading.Lock()
+
+    def claim_reopening(self, length: int) -> bool:
+        """Mark the network of ``length`` nodes reopened; False if it already was (atomic across threads)."""
+        with self._lock:
+            if length in self.reopened_at:
+                return False
+            self.reopened_at.add(length)
+            return True
 
     def __repr__(self) -> str:
         return f"family {self.number}"

@@ -80,6 +80,15 @@ class Value(Recordable):
     def __iter__(self):
         raise TypeError(f"a Value cannot be iterated ({self!r}); shapes are static, so loop over range(extent)")
 
+    def _no_comparison(self, other):
+        raise ShapeError(
+            f"{user_site()}: comparisons of Values are not recorded ({self!r}); the vocabulary compares "
+            "with step: x.step(t) is 1 where x >= t, else 0 (so x < t is 1 - x.step(t)); to compare "
+            "shapes, compare .shape"
+        )
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _no_comparison
+
     __hash__ = object.__hash__
 
 

@@ -106,7 +106,12 @@ class Permute(Opcode):
 
     def infer(self, x: Spec, order) -> Spec:
         element_operand(x)
-        order = tuple(int(i) for i in order)
+        try:
+            order = tuple(order)
+        except TypeError:
+            raise Refusal(f"order must be a sequence of axes, got {order!r}") from None
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in order):
+            raise Refusal(f"order {list(order)} must list integer axes", "spell each axis as an int")
         if sorted(order) != list(range(len(x.shape))):
             raise Refusal(
                 f"order {list(order)} is not a permutation of the {len(x.shape)} axes of {list(x.shape)}",

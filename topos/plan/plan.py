@@ -8,6 +8,8 @@ bits; fusion never reorders float math.
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import numpy as np
@@ -21,7 +23,7 @@ from .patterns import Candidate, StructureView, discover, elect, pattern
 
 def _nbytes(spec) -> int:
     itemsize = spec.dtype.itemsize if isinstance(spec.dtype, np.dtype) else 8
-    return int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+    return math.prod(spec.shape) * itemsize  # Python ints: no wrap-around for huge tensors
 
 
 class Plan:
