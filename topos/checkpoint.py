@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -73,7 +73,8 @@ def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence
     mismatched = [
         f"{n}: the file holds {list(tensors[n].shape)} {tensors[n].dtype}, the network needs "
         f"{list(shape)} {np.dtype(dtype)}"
-        for n, (shape, dtype) in wanted.items() if n in tensors and (tensors[n].shape, tensors[n].dtype) != (shape, dtype)
+        for n, (shape, dtype) in wanted.items()
+        if n in tensors and (tensors[n].shape, tensors[n].dtype) != (shape, dtype)
     ]
     problems = list(mismatched)
     if strict and missing:

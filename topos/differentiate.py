@@ -19,7 +19,7 @@ The order is part of the contract:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -109,11 +109,11 @@ class Gradients:
         return f"<Gradients of {target}: {len(self._arrays)} nodes reached>"
 
     # -- algebra: accumulate over micro-batches or data-parallel shards -------------------
-    def map(self, fn) -> "Gradients":
+    def map(self, fn) -> Gradients:
         """A new field with ``fn(array)`` at every reached node (unreached nodes still read as zeros)."""
         return Gradients(self._network, {i: _frozen(fn(own(a))) for i, a in self._arrays.items()}, self._target)
 
-    def zip(self, *fields_then_fn) -> "Gradients":
+    def zip(self, *fields_then_fn) -> Gradients:
         """A new field with ``fn(mine, theirs, ...)`` at every node any of them reached.
 
         A node one field did not reach contributes its zeros, so
@@ -132,12 +132,12 @@ class Gradients:
         return Gradients(self._network, {i: _frozen(fn(*(f[self._network.symbol(i)] for f in fields)))
                                          for i in reached}, target)
 
-    def __add__(self, other: "Gradients") -> "Gradients":
+    def __add__(self, other: Gradients) -> Gradients:
         if not isinstance(other, Gradients):
             return NotImplemented
         return self.zip(other, lambda a, b: a + b)
 
-    def __mul__(self, scalar) -> "Gradients":
+    def __mul__(self, scalar) -> Gradients:
         """Every reached gradient times a number (kept in its element type)."""
         if isinstance(scalar, Gradients):
             return NotImplemented
@@ -145,7 +145,7 @@ class Gradients:
 
     __rmul__ = __mul__
 
-    def __truediv__(self, scalar) -> "Gradients":
+    def __truediv__(self, scalar) -> Gradients:
         return self.map(lambda a: (a / scalar).astype(a.dtype))
 
 
@@ -229,7 +229,7 @@ class Adjoints:
         """Target then gradients: a ready-made root list for a training entry."""
         return [self.target, *self.gradients]
 
-    def detach(self) -> "Adjoints":
+    def detach(self) -> Adjoints:
         from .tape import detach
 
         return Adjoints(detach(self.target), tuple(detach(self.wrt)), tuple(detach(self.gradients)))

@@ -44,9 +44,9 @@ nodes too, and the check compares Hessian-vector products.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class GradientReport:
         """The largest error of the float64 twin's gradients over all entries."""
         return max((e.rule_error for e in self.entries), default=0.0)
 
-    def assert_ok(self) -> "GradientReport":
+    def assert_ok(self) -> GradientReport:
         """Raise GradientCheckError naming the worst parameter unless every entry passes."""
         if self.ok:
             return self
@@ -312,7 +312,7 @@ class _Twin:
         for element in np.ndindex(*shape):
             x = float(base[element])
 
-            def quotient(h: float) -> float:
+            def quotient(h: float, element=element, x=x) -> float:
                 plus, minus = base.copy(), base.copy()
                 plus[element], minus[element] = x + h, x - h
                 span = (x + h) - (x - h)

@@ -220,7 +220,8 @@ class Generator:
         return _frozen(refmath.round_once(mean + std * z, dtype).reshape(shape))
 
     def truncated_normal(
-        self, shape: Shape, mean: float = 0.0, std: float = 1.0, low: float = -2.0, high: float = 2.0, dtype: DTypeLike = float32
+        self, shape: Shape, mean: float = 0.0, std: float = 1.0, low: float = -2.0, high: float = 2.0,
+        dtype: DTypeLike = float32,
     ) -> np.ndarray:
         """Normal(mean, std) values conditioned on [low, high]; the bounds are absolute, as in torch's trunc_normal_.
 
@@ -302,7 +303,7 @@ def dropout_mask(generator: Generator, shape: Shape, p: float, dtype: DTypeLike 
 
 @dataclass(frozen=True)
 class Initializer:
-    """A rule for a parameter's starting values: ``initializer(generator, shape, dtype)`` returns a new read-only array."""
+    """A rule for a parameter's starting values: ``initializer(generator, shape, dtype)`` -> a new read-only array."""
 
     name: str
     arguments: tuple[tuple[str, object], ...]
@@ -318,7 +319,10 @@ class Initializer:
 
 
 def _filled(name: str, arguments: tuple, value: float) -> Initializer:
-    return Initializer(name, arguments, lambda generator, shape, dtype: _frozen(refmath.round_once(np.full(shape, value), dtype)))
+    def fill(generator, shape, dtype):
+        return _frozen(refmath.round_once(np.full(shape, value), dtype))
+
+    return Initializer(name, arguments, fill)
 
 
 def zeros() -> Initializer:
@@ -340,13 +344,15 @@ def constant(value: float) -> Initializer:
 def uniform(low: float = 0.0, high: float = 1.0) -> Initializer:
     """U(low, high), as torch.nn.init.uniform_."""
     low, high = _interval(low, high)
-    return Initializer("uniform", (("low", low), ("high", high)), lambda g, shape, dtype: g.uniform(shape, low, high, dtype))
+    return Initializer("uniform", (("low", low), ("high", high)),
+                       lambda g, shape, dtype: g.uniform(shape, low, high, dtype))
 
 
 def normal(mean: float = 0.0, std: float = 1.0) -> Initializer:
     """N(mean, std**2), as torch.nn.init.normal_."""
     mean, std = _finite(mean, "mean"), _std(std)
-    return Initializer("normal", (("mean", mean), ("std", std)), lambda g, shape, dtype: g.normal(shape, mean, std, dtype))
+    return Initializer("normal", (("mean", mean), ("std", std)),
+                       lambda g, shape, dtype: g.normal(shape, mean, std, dtype))
 
 
 def truncated_normal(mean: float = 0.0, std: float = 1.0, low: float = -2.0, high: float = 2.0) -> Initializer:

@@ -6,9 +6,10 @@ never changes it. Weights live outside, in caller-owned Parameters.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Network:
         raise TypeError("a Network comes from Tape.record(...) or tape.seal()")
 
     @classmethod
-    def _from_tape(cls, tape) -> "Network":
+    def _from_tape(cls, tape) -> Network:
         self = object.__new__(cls)
         set_ = object.__setattr__
         set_(self, "_family", tape._family)

@@ -35,8 +35,9 @@ float32 master copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Callable, ClassVar, Iterable, Mapping
+from typing import ClassVar
 
 import numpy as np
 
@@ -193,8 +194,9 @@ class Optimizer:
         for parameter, _ in pairs:
             if not parameter.trainable:
                 raise DifferentiationError(
-                    f"{user_site()}: {type(self).__name__}.record: {parameter.symbol!r} ({parameter.name}) is not a trainable "
-                    "parameter; optimizers update parameters (differentiate with respect to model.parameters())"
+                    f"{user_site()}: {type(self).__name__}.record: {parameter.symbol!r} ({parameter.name}) is not "
+                    "a trainable parameter; optimizers update parameters (differentiate with respect to "
+                    "model.parameters())"
                 )
         dtypes = list(dict.fromkeys(p.dtype for p, _ in pairs))
         rates = {d: tape.input(convert(self.lr, d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
@@ -355,8 +357,8 @@ def _aligned_gradients(parameters: Parameters, gradients) -> Parameters:
         )
     if gradients._family is not parameters._family or gradients.symbols() != parameters.symbols():
         raise SymbolError(
-            f"{user_site()}: these gradients are not over the same slots as the parameters (another network, or another "
-            "recording of it); take them from a run of the network these parameters serve"
+            f"{user_site()}: these gradients are not over the same slots as the parameters (another network, "
+            "or another recording of it); take them from a run of the network these parameters serve"
         )
     return gradients
 

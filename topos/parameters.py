@@ -9,7 +9,7 @@ replaced, saved and moved to another recording by name.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class Parameters:
     __slots__ = ("_family", "_symbols", "_arrays", "_position", "_names", "_state")
 
     @classmethod
-    def _of(cls, family: Family, pairs, meta=None) -> "Parameters":
+    def _of(cls, family: Family, pairs, meta=None) -> Parameters:
         """A table of (symbol, array) pairs; ``meta`` is (name per slot, state indices)."""
         self = object.__new__(cls)
         set_ = object.__setattr__
@@ -43,7 +43,7 @@ class Parameters:
         set_(self, "_state", frozenset(state))
         return self
 
-    def _like(self, pairs) -> "Parameters":
+    def _like(self, pairs) -> Parameters:
         """A table over the same slots (and so the same names) as this one."""
         return Parameters._of(self._family, pairs, (self._names, self._state))
 
@@ -59,10 +59,10 @@ class Parameters:
     def __delattr__(self, name):
         raise TypeError("Parameters are immutable; step, map or zip them into a new table")
 
-    def __copy__(self) -> "Parameters":
+    def __copy__(self) -> Parameters:
         return self  # immutable, so the table is its own copy
 
-    def __deepcopy__(self, memo) -> "Parameters":
+    def __deepcopy__(self, memo) -> Parameters:
         # Fresh arrays, same family: the copy must still serve the same network.
         return self._like(list(zip(self._symbols, self._arrays)))
 
@@ -135,7 +135,7 @@ class Parameters:
         return f"Parameters({{{slots}}})"
 
     # -- algebra: every result is a new table ---------------------------------------------
-    def _rebuilt(self, arrays) -> "Parameters":
+    def _rebuilt(self, arrays) -> Parameters:
         checked = []
         for name, old, new in zip(self._names, self._arrays, arrays):
             new = np.asarray(new)
@@ -151,7 +151,7 @@ class Parameters:
             checked.append(new)
         return self._like(list(zip(self._symbols, checked)))
 
-    def _aligned(self, other: "Parameters") -> None:
+    def _aligned(self, other: Parameters) -> None:
         if not isinstance(other, Parameters) or other._family is not self._family or (
             other._symbols != self._symbols
         ):
@@ -160,11 +160,11 @@ class Parameters:
                 "they come from the same network (network.parameters(), gradients.parameters(table))"
             )
 
-    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> "Parameters":
+    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> Parameters:
         """A new table with ``fn`` applied to (a copy of) every slot."""
         return self._rebuilt([fn(own(a)) for a in self._arrays])
 
-    def zip(self, *tables_then_fn) -> "Parameters":
+    def zip(self, *tables_then_fn) -> Parameters:
         """A new table with ``fn(mine, theirs, ...)`` per slot: ``a.zip(b, c, fn)``.
 
         Any number of tables over the same slots, the function last (for
@@ -179,34 +179,34 @@ class Parameters:
         rows = zip(self._arrays, *(o._arrays for o in others))
         return self._rebuilt([fn(*(own(a) for a in arrays)) for arrays in rows])
 
-    def step(self, direction: "Parameters", rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> "Parameters":
+    def step(self, direction: Parameters, rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Parameters:
         """The next state: ``rule(parameter, direction)`` per slot (for example ``p - g * lr``)."""
         return self.zip(direction, rule)
 
-    def __add__(self, other: "Parameters") -> "Parameters":
+    def __add__(self, other: Parameters) -> Parameters:
         return self.zip(other, lambda a, b: a + b)
 
-    def __mul__(self, scalar) -> "Parameters":
+    def __mul__(self, scalar) -> Parameters:
         if isinstance(scalar, Parameters):
             return self.zip(scalar, lambda a, b: a * b)
         return self.map(lambda a: a * scalar)
 
     __rmul__ = __mul__
 
-    def __sub__(self, other: "Parameters") -> "Parameters":
+    def __sub__(self, other: Parameters) -> Parameters:
         return self.zip(other, lambda a, b: a - b)
 
-    def __truediv__(self, scalar) -> "Parameters":
+    def __truediv__(self, scalar) -> Parameters:
         return self.map(lambda a: a / scalar)
 
-    def with_payloads(self, pairs) -> "Parameters":
+    def with_payloads(self, pairs) -> Parameters:
         """A new table with some slots replaced, by Symbol or by name (shape and element type checked)."""
         replaced = list(self._arrays)
         for symbol, array in dict(pairs).items():
             replaced[self._slot(symbol)] = array
         return self._rebuilt(replaced)
 
-    def carried(self, network) -> "Parameters":
+    def carried(self, network) -> Parameters:
         """This state carried onto a reopened, longer network: new slots take their initials."""
         fresh = network.parameters()
         if fresh._family is not self._family:

@@ -37,7 +37,7 @@ class Site:
 UNKNOWN = Site("<unknown>", 0, "<unknown>")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_internal(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith(_PACKAGE_ROOTS):

@@ -25,7 +25,7 @@ and bfloat16 correctly rounded on every sampled point) and caveats are in
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np

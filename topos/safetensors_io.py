@@ -46,7 +46,9 @@ _DTYPES: dict[str, np.dtype] = {
     )
 }  # fmt: skip
 # The reference writer lays tensors out by this rank (its Dtype enum, in increasing alignment), highest first.
-_REFERENCE_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64")
+_REFERENCE_ORDER = (
+    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64",
+)
 _RANK = {code: rank for rank, code in enumerate(_REFERENCE_ORDER)}
 _NUMPY_NAMES = ", ".join(map(str, _DTYPES.values()))
 

@@ -8,7 +8,8 @@ Sealing freezes the tape into a :class:`~topos.network.Network`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class Value(Recordable):
 
     __slots__ = ("_tape", "_index")
 
-    def __init__(self, tape: "Tape", index: int):
+    def __init__(self, tape: Tape, index: int):
         self._tape = tape
         self._index = index
 
@@ -44,7 +45,7 @@ class Value(Recordable):
         return Symbol(self._tape._family, self._index)
 
     @property
-    def tape(self) -> "Tape":
+    def tape(self) -> Tape:
         return self._tape
 
     @property
@@ -124,7 +125,7 @@ class Tape:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def record(cls, fn: Callable[["Tape"], Any], *, seed: int = 0):
+    def record(cls, fn: Callable[[Tape], Any], *, seed: int = 0):
         """Record ``fn(tape)``, seal, and return ``(network, symbols)``.
 
         While ``fn`` runs the tape is the recording in progress (see
@@ -139,7 +140,7 @@ class Tape:
         return tape.seal(), detach(result)
 
     @staticmethod
-    def current() -> "Tape":
+    def current() -> Tape:
         """The recording in progress: the innermost ``Tape.record`` or ``with tape:`` block."""
         stack = getattr(_recording, "stack", None)
         if not stack:
@@ -149,7 +150,7 @@ class Tape:
             )
         return stack[-1]
 
-    def __enter__(self) -> "Tape":
+    def __enter__(self) -> Tape:
         self._check_open()
         if not hasattr(_recording, "stack"):
             _recording.stack = []

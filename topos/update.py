@@ -41,7 +41,7 @@ class Updates:
         """Root list for a training entry: the loss (if given) then every next value."""
         return ([loss] if loss is not None else []) + [new for _, new in self._pairs]
 
-    def __add__(self, other: "Updates") -> "Updates":
+    def __add__(self, other: Updates) -> Updates:
         """Both sets of pairs (an optimizer's and a module's running statistics, say); a slot twice is an error."""
         if not isinstance(other, Updates):
             return NotImplemented
@@ -61,7 +61,7 @@ class Updates:
         """
         return parameters.with_payloads({getattr(p, "symbol", p): run[getattr(n, "symbol", n)] for p, n in self._pairs})
 
-    def detach(self) -> "Updates":
+    def detach(self) -> Updates:
         from .tape import detach
 
         return Updates((detach(p), detach(new)) for p, new in self._pairs)

@@ -30,7 +30,7 @@ every result depend on it:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from topos import Recordable, ShapeError
 

@@ -66,7 +66,9 @@ def _label_rows(logits, target, classes: int, ignore_index, site):
     extent = target.dtype.extent
     rows = logits.shape[0]
     if tuple(target.shape) != (rows,):
-        raise ShapeError(f"{site}: cross_entropy: labels {list(target.shape)} should be [{rows}], one per row of the logits")
+        raise ShapeError(
+            f"{site}: cross_entropy: labels {list(target.shape)} should be [{rows}], one per row of the logits"
+        )
     allowed = (classes,) if ignore_index is None or ignore_index < classes else (classes + 1,)
     if extent not in allowed or (ignore_index is not None and not 0 <= ignore_index < extent):
         raise ShapeError(

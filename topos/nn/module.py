@@ -23,7 +23,7 @@ them as ``topos.Updates`` for the training entry, beside the optimizer's.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -77,7 +77,9 @@ class Module:
     # -- registration ----------------------------------------------------------------------
     def __setattr__(self, key: str, value) -> None:
         if "_tape" not in self.__dict__:
-            raise RecordingError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning {key!r}")
+            raise RecordingError(
+                f"{type(self).__name__}.__init__ must call super().__init__() before assigning {key!r}"
+            )
         self._forget(key)
         if isinstance(value, Parameter):
             value = self._record_source(key, value.initial, trainable=True)
@@ -102,7 +104,7 @@ class Module:
         (self._parameters if trainable else self._buffers)[key] = value
         return value
 
-    def _adopt(self, key: str, child: "Module") -> None:
+    def _adopt(self, key: str, child: Module) -> None:
         if child._tape is not self._tape:
             raise RecordingError(
                 f"{user_site()}: {key!r} was built on another recording; build every module of a "
@@ -150,13 +152,13 @@ class Module:
         path = self.path
         return f"{path} ({self._summary()})" if path else self._summary()
 
-    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter(list(self._children.items()))
 
-    def children(self) -> Iterator["Module"]:
+    def children(self) -> Iterator[Module]:
         return (child for _, child in self.named_children())
 
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
         """This module and every descendant once, with its path relative to this module."""
         seen: set[int] = set()
 
@@ -170,7 +172,7 @@ class Module:
 
         yield from walk(self, prefix)
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         return (module for _, module in self.named_modules())
 
     def _named(self, tables, prefix: str) -> list[tuple[str, Value]]:
@@ -307,7 +309,7 @@ class ModuleList(Module):
         for module in modules:
             self.append(module)
 
-    def append(self, module: Module) -> "ModuleList":
+    def append(self, module: Module) -> ModuleList:
         if not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__} holds modules; item {len(self)} is a {type(module).__name__}")
         setattr(self, str(len(self._children)), module)

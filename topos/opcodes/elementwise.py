@@ -7,8 +7,8 @@ runs in the element's compute type and is rounded once to the element.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -9,8 +9,7 @@ bits; fusion never reorders float math.
 from __future__ import annotations
 
 import math
-
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -7,7 +7,7 @@ elects the ones it can serve, first come first served in catalog order.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .base import Candidate, Pattern, StructureView
 from .batchnorm import BatchNormInference, BatchNormTraining
