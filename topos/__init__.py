@@ -4,8 +4,6 @@
 (``topos.dialect``) is imported on demand.
 """
 
-# The facades use only the names above, so they are imported last.
-from . import checkpoint, init, nn, optim  # noqa: E402
 from .bisect import BisectReport, bisect
 from .differentiate import Adjoints, Field, Gradients
 from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
@@ -29,6 +27,9 @@ from .run import Run
 from .symbol import Symbol
 from .tape import Tape, Value, detach
 from .update import Updates, sgd
+
+# The facades use only the names above, so they are imported last.
+from . import checkpoint, init, nn, optim  # noqa: E402, I001  # isort: skip
 
 __version__ = "0.1.0"
 
