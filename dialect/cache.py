@@ -1,8 +1,13 @@
-"""The compile cache: vmfb files on disk, keyed by the StableHLO text, the target and the flags.
+"""The compile cache: vmfb files on disk, keyed by the StableHLO text, the target, the flags and the IREE versions.
 
 Entries are written atomically (a temporary file, then rename), so
-concurrent processes never see half a file; each entry carries a SHA-256
-of its payload, so a corrupt entry is detected, removed and rebuilt.
+concurrent processes never see half a file. Each entry carries its own
+key and a SHA-256 of key and payload together, so a corrupt entry, or an
+entry under another entry's name (a renamed or swapped file), is
+detected, removed and rebuilt; it is never served. A directory that
+cannot hold the cache (a regular file, under a regular file, not
+writable) is a CacheError naming the path and the way out, raised before
+anything is compiled.
 """
 
 from __future__ import annotations
@@ -12,16 +17,29 @@ import os
 import tempfile
 from pathlib import Path
 
-_MAGIC = b"TOPOSVMFB1\n"
+from topos.errors import ToposError
+
+_MAGIC = b"TOPOSVMFB2\n"
+_KEY_BYTES = 64  # a key is a SHA-256 in hex
+
+
+class CacheError(ToposError, OSError):
+    """The compile cache's directory cannot be used, or ``cache=`` is not something that names one."""
 
 
 def default_directory() -> Path:
     """$TOPOS_CACHE_DIR, else $XDG_CACHE_HOME/topos, else ~/.cache/topos."""
+    return _default_directory()[0]
+
+
+def _default_directory() -> tuple[Path, str]:
+    """The default directory and where it came from, for error messages."""
     explicit = os.environ.get("TOPOS_CACHE_DIR")
     if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "topos"
+        return Path(explicit), "$TOPOS_CACHE_DIR"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "topos", "$XDG_CACHE_HOME/topos"
+    return Path(os.path.expanduser("~")) / ".cache" / "topos", "the default ~/.cache/topos"
 
 
 def key(text: str, target: str, flags, compiler_version: str) -> str:
@@ -32,40 +50,112 @@ def key(text: str, target: str, flags, compiler_version: str) -> str:
     return h.hexdigest()
 
 
+def _digest(entry_key: str, payload: bytes) -> bytes:
+    return hashlib.sha256(entry_key.encode() + b"\n" + payload).digest()
+
+
 class CompileCache:
     """A directory of compiled modules."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
-        self.directory = Path(directory) if directory is not None else default_directory()
+        if directory is None:
+            self.directory, self._origin = _default_directory()
+        else:
+            self.directory, self._origin = Path(directory), "the directory given"
+        self._ready = False
 
     def path(self, entry_key: str) -> Path:
         return self.directory / f"{entry_key}.vmfb"
 
+    def check(self) -> None:
+        """Make sure the directory exists and takes files, or raise a CacheError that names it (once per cache)."""
+        if self._ready:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise self._error("it is a regular file, not a directory") from None
+        except NotADirectoryError:
+            above = next((p for p in self.directory.parents if p.is_file()), self.directory.parent)
+            raise self._error(f"{above} above it is a regular file, not a directory") from None
+        except OSError as error:
+            raise self._error("it cannot be created", error) from None
+        try:
+            fd, probe = tempfile.mkstemp(dir=self.directory, prefix=".probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as error:
+            raise self._error("it does not take new files", error) from None
+        self._ready = True
+
     def load(self, entry_key: str) -> bytes | None:
-        """The cached module, or None when absent or corrupt (a corrupt file is removed)."""
+        """The cached module, or None when absent, corrupt or another key's (a bad file is removed)."""
         path = self.path(entry_key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        header = len(_MAGIC) + 32
-        payload = data[header:]
-        if data[: len(_MAGIC)] != _MAGIC or hashlib.sha256(payload).digest() != data[len(_MAGIC):header]:
-            path.unlink(missing_ok=True)
+        except OSError as error:
+            raise self._error(f"its entry {path.name} cannot be read", error) from None
+        start = len(_MAGIC)
+        stored_key = data[start:start + _KEY_BYTES]
+        digest = data[start + _KEY_BYTES + 1:start + _KEY_BYTES + 33]
+        payload = data[start + _KEY_BYTES + 33:]
+        if (data[:start] != _MAGIC or stored_key != entry_key.encode()
+                or data[start + _KEY_BYTES:start + _KEY_BYTES + 1] != b"\n"
+                or digest != _digest(entry_key, payload)):
+            self.evict(entry_key)
             return None
         return payload
 
+    def evict(self, entry_key: str) -> None:
+        """Remove an entry (a module that fails its checksum, or that IREE's runtime will not load)."""
+        try:
+            self.path(entry_key).unlink(missing_ok=True)
+        except OSError:  # the rebuilt entry replaces it, or store says why it cannot
+            pass
+
     def store(self, entry_key: str, payload: bytes) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.check()
         target = self.path(entry_key)
-        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".partial-", suffix=".vmfb")
+        try:
+            fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".partial-", suffix=".vmfb")
+        except OSError as error:
+            raise self._error("it does not take new files", error) from None
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+                handle.write(_MAGIC + entry_key.encode() + b"\n" + _digest(entry_key, payload) + payload)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, target)
+        except OSError as error:
+            Path(temporary).unlink(missing_ok=True)
+            raise self._error(f"its entry {target.name} cannot be written", error) from None
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
         return target
+
+    def _error(self, problem: str, error: OSError | None = None) -> CacheError:
+        reason = f" ({error.strerror or error})" if error is not None else ""
+        return CacheError(
+            f"the compile cache at {self.directory} ({self._origin}) cannot be used: {problem}{reason}. "
+            "Set TOPOS_CACHE_DIR to a writable directory, pass cache=CompileCache(directory) "
+            "or a directory path, or compile with cache=False"
+        )
+
+
+def cache_for(cache) -> CompileCache | None:
+    """The CompileCache that ``compile(..., cache=...)`` names: True, False/None, a directory, or a CompileCache."""
+    if cache is True:
+        return CompileCache()
+    if cache is False or cache is None:
+        return None
+    if isinstance(cache, CompileCache):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return CompileCache(cache)
+    raise CacheError(
+        f"cache={cache!r} ({type(cache).__name__}): pass True (the default directory), False (no cache), "
+        "a directory path or a CompileCache"
+    )

@@ -2,24 +2,54 @@
 
 A compiled plan serves under the fast posture: its results are checked
 against the oracle within the envelopes in ``topos.dialect.conformance``.
+
+Nothing here may end the caller's process. LLVM exits on some CPU names
+and a module built for a CPU this machine lacks dies of SIGILL, so any
+``cpu`` but ``host`` or ``generic`` compiles in a child process and its
+module is tried once in a child before it runs here. Device state knows
+the network and the device it belongs to, and every array handed to the
+caller is its own read-only copy, never a view of a device buffer that a
+later step reads.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from typing import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 
-from topos.errors import FeedError, ToposError
+from topos.copies import own
+from topos.element import SelectionType
+from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
+from topos.provenance import user_site
 
-from .cache import CompileCache, key
-from .targets import DATA_TILING_THRESHOLD, Target, TargetError, check_driver, flags_for, target
+from .cache import CompileCache, cache_for, key
+from .targets import (
+    DATA_TILING_THRESHOLD,
+    SAFE_CPUS,
+    Target,
+    TargetError,
+    check_cpu,
+    check_driver,
+    cpu_of,
+    flags_for,
+    target,
+)
 
 
 class CompileError(ToposError, RuntimeError):
-    """IREE refused a module; the message carries its diagnostics."""
+    """IREE refused a module, or its compiler died; the message carries its diagnostics."""
 
 
 class DeviceMemoryError(ToposError, MemoryError):
@@ -33,6 +63,17 @@ def compiler_version() -> str:
         return "iree-base-compiler " + version("iree-base-compiler")
     except Exception:  # a source build without metadata still compiles
         return "iree-base-compiler unknown"
+
+
+def toolchain_version() -> str:
+    """Compiler and runtime versions: the cache keys on both, since the runtime is what loads a module."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        runtime = "iree-base-runtime " + version("iree-base-runtime")
+    except PackageNotFoundError:  # a source build without metadata still runs
+        runtime = "iree-base-runtime unknown"
+    return f"{compiler_version()}, {runtime}"
 
 
 def compile_stablehlo(text: str, flags) -> bytes:
@@ -54,6 +95,69 @@ def compile_stablehlo(text: str, flags) -> bytes:
     output = Output.open_membuffer()
     invocation.output_vm_bytecode(output)
     return bytes(output.map_memory())
+
+
+def compiles_in_child(flags) -> bool:
+    """True when ``flags`` name an llvm-cpu CPU other than host or generic: such a compile runs in a child."""
+    cpu = cpu_of(flags)
+    return cpu is not None and cpu not in SAFE_CPUS
+
+
+def _child_environment() -> dict:
+    # The child must import the same topos and iree as this process, wherever they came from.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def _compile_in_child(text: str, flags) -> bytes:
+    """compile_stablehlo in a child interpreter: LLVM ending that process is a CompileError here."""
+    flags = tuple(flags)
+    with tempfile.TemporaryDirectory(prefix="topos-compile-") as directory:
+        folder = Path(directory)
+        (folder / "module.mlir").write_text(text)
+        (folder / "flags.json").write_text(json.dumps(flags))
+        code = "import sys; from topos.dialect.compiled import _compile_here; sys.exit(_compile_here(sys.argv[1]))"
+        done = subprocess.run([sys.executable, "-c", code, directory], capture_output=True, text=True,
+                              env=_child_environment(), check=False)
+        if done.returncode == 3 and (folder / "error.txt").exists():
+            raise CompileError((folder / "error.txt").read_text())
+        if done.returncode != 0 or not (folder / "module.vmfb").exists():
+            raise CompileError(_child_death("IREE's compiler", done, "compiling with " + " ".join(flags))
+                               + f". Compile with cpu='host' (the default) or cpu='generic' instead of "
+                               f"cpu={cpu_of(flags)!r}")
+        unknown = [line for line in done.stderr.splitlines() if "is not a recognized processor" in line]
+        if unknown:  # LLVM ignored the CPU (it does on some architectures) instead of ending the process
+            raise TargetError(f"LLVM does not know cpu {cpu_of(flags)!r} ({unknown[0].strip()}); "
+                              "use cpu='host' (this machine) or cpu='generic'")
+        return (folder / "module.vmfb").read_bytes()
+
+
+def _compile_here(directory: str) -> int:
+    """The child's side of _compile_in_child: 0 with module.vmfb written, 3 with error.txt."""
+    folder = Path(directory)
+    flags = json.loads((folder / "flags.json").read_text())
+    try:
+        vmfb = compile_stablehlo((folder / "module.mlir").read_text(), flags)
+    except CompileError as error:
+        (folder / "error.txt").write_text(str(error))
+        return 3
+    (folder / "module.vmfb").write_bytes(vmfb)
+    return 0
+
+
+def _child_death(who: str, done: subprocess.CompletedProcess, doing: str) -> str:
+    """What happened to a child that ended without its result, in words, with its last words."""
+    if done.returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-done.returncode}"
+    else:
+        how = f"exited with status {done.returncode} without a result"
+    lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    fatal = [line for line in lines if "LLVM ERROR" in line or "Error" in line]
+    said = "; ".join((fatal or lines)[-3:]) or "nothing"
+    return (f"{who} {how} while {doing}. It ran in a child process, so this interpreter is unharmed. "
+            f"It said: {said}")
 
 
 def largest_matmul(plan) -> int:
@@ -84,17 +188,51 @@ def _describe_diagnostic(diagnostic) -> str:
     return f"{position[0]}:{position[1]}: {severity}: {diagnostic.message}{node}"
 
 
+def _compile(located: str, flags) -> bytes:
+    if compiles_in_child(flags):
+        return _compile_in_child(located, flags)
+    return compile_stablehlo(located, flags)
+
+
+def _cached_module(store: CompileCache, entry_key: str) -> bytes | None:
+    """The cached module if IREE's VM reads it; an entry it cannot read is evicted, to be rebuilt."""
+    vmfb = store.load(entry_key)
+    if vmfb is not None and _unreadable(vmfb) is not None:
+        store.evict(entry_key)  # checksummed, but not a module this runtime reads
+        return None
+    return vmfb
+
+
+def _unreadable(vmfb: bytes) -> str | None:
+    """Why IREE's VM cannot read ``vmfb`` (a damaged or foreign module), or None when it can."""
+    import iree.runtime as rt
+
+    try:
+        module = rt.VmModule.copy_buffer(rt.VmInstance(), vmfb)
+    except Exception as error:  # the runtime says what it could not read
+        return str(error)
+    return None if "main" in module.function_names else "the module has no @main"
+
+
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
-                 cache: CompileCache | bool | None = True, cpu: str = "host",
+                 cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
                  data_tiling: bool | None = None, rewrite=None) -> "CompiledPlan":
     """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
 
-    ``data_tiling`` (llvm-cpu): None decides by size — on when the largest
-    matmul reaches ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
+    ``cpu`` (llvm-cpu): "host" (this machine, the default), "generic", or
+    a name LLVM accepts for this architecture; any other is a TargetError.
+    A named CPU compiles in a child process. ``data_tiling`` (llvm-cpu):
+    None decides by size — on when the largest matmul reaches
+    ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
+    ``cache``: True (the default directory), False, a directory, or a CompileCache.
     ``rewrite`` (str -> str) edits the StableHLO text before IREE sees it:
     the seam ``topos.bisect`` uses to inject a fault on purpose.
     """
     chosen = target(target_name)
+    check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
+    store = cache_for(cache)
+    if store is not None:
+        store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
     text, located, stage_times = plan._stablehlo_with_timings()
@@ -109,18 +247,58 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     if data_tiling is None:
         data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
     flags = flags_for(chosen, uses_f64, cpu, uses_bf16="bf16" in text, data_tiling=data_tiling)
-    store = CompileCache() if cache is True else (cache or None)
-    entry_key = key(text, chosen.name, flags, compiler_version())
-    vmfb = store.load(entry_key) if store is not None else None
+    entry_key, vmfb = None, None
+    if store is not None:
+        entry_key = key(text, chosen.name, flags, toolchain_version())
+        vmfb = _cached_module(store, entry_key)
     hit = vmfb is not None
     began = time.perf_counter()
     if vmfb is None:
-        vmfb = compile_stablehlo(located, flags)  # located: IREE's diagnostics name the user's line
-        if store is not None:
+        vmfb = _compile(located, flags)  # located: IREE's diagnostics name the user's line
+        if store is not None and entry_key is not None:
             store.store(entry_key, vmfb)
     timings["iree-compile" if not hit else "cache-hit"] = time.perf_counter() - began
     timings["total"] = time.perf_counter() - started
-    return CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, hit)
+    compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, hit)
+    compiled.cache_key = entry_key
+    if hit and store is not None and entry_key is not None:
+        compiled._rebuild = _rebuilder(store, entry_key, located, flags)
+    return compiled
+
+
+def _rebuilder(store: CompileCache, entry_key: str, located: str, flags) -> Callable[[], bytes]:
+    """For a cache hit the device refuses: evict the entry, compile afresh, store the new module."""
+
+    def rebuild() -> bytes:
+        store.evict(entry_key)
+        fresh = _compile(located, flags)
+        store.store(entry_key, fresh)
+        return fresh
+
+    return rebuild
+
+
+# Trial runs of modules compiled for a named CPU: (sha256 of the vmfb, driver) -> why it
+# cannot run here, or None. One trial per module per process.
+_TRIALS: dict[tuple[str, str], str | None] = {}
+
+_TRIAL = """
+import json, sys
+from pathlib import Path
+import numpy as np
+try:
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+except ImportError:
+    pass
+import iree.runtime as rt
+folder, driver = Path(sys.argv[1]), sys.argv[2]
+config = rt.Config(driver)
+context = rt.SystemContext(config=config)
+module = rt.VmModule.copy_buffer(context.instance, (folder / "module.vmfb").read_bytes())
+context.add_vm_module(module)
+arguments = json.loads((folder / "arguments.json").read_text())
+context.modules[module.name]["main"](*[np.zeros(shape, np.dtype(dtype)) for shape, dtype in arguments])
+"""
 
 
 class CompiledPlan:
@@ -136,6 +314,7 @@ class CompiledPlan:
         self.vmfb = vmfb
         self.timings = dict(timings)
         self.cache_hit = cache_hit
+        self.cache_key: str | None = None
         network = plan.network
         closure = sorted(plan.entry.closure())
         self.arguments = tuple(i for i in closure if network._opcodes[i].name == "parameter") + tuple(
@@ -144,8 +323,15 @@ class CompiledPlan:
         self.results = tuple(plan.entry._readable)
         self._function = None
         self._device = None
+        self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
+        self._loading = threading.Lock()
+        self._checked_updates: tuple = (None, ())
 
     def _load(self):
+        with self._loading:  # threads sharing a compiled plan load its module once
+            return self._load_once()
+
+    def _load_once(self):
         if self._function is None:
             import iree.runtime as rt
 
@@ -157,12 +343,73 @@ class CompiledPlan:
                     f"cannot create an IREE {self.driver!r} device for target {self.target.name}: {error}; "
                     "the module is compiled (compiled.vmfb) and can run on a machine with that device"
                 ) from None
-            context = rt.SystemContext(config=config)
-            module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
-            context.add_vm_module(module)
-            self._context, self._device = context, config.device
-            self._function = context.modules[module.name]["main"]
+            self._try_in_child()
+            try:
+                context, function = self._register(config)
+            except Exception as error:  # the runtime refuses the module
+                if self._rebuild is None:
+                    raise CompileError(
+                        f"IREE's {self.driver} runtime cannot load the module compiled for "
+                        f"{self.target.name}: {error}"
+                    ) from None
+                # A cached module this runtime will not load (another IREE build, say): rebuild it once.
+                rebuild, self._rebuild = self._rebuild, None
+                began = time.perf_counter()
+                self.vmfb, self.cache_hit = rebuild(), False
+                self.timings["iree-compile"] = time.perf_counter() - began
+                self._try_in_child()
+                try:
+                    context, function = self._register(config)
+                except Exception as again:
+                    raise CompileError(
+                        f"IREE's {self.driver} runtime cannot load the module it just compiled for "
+                        f"{self.target.name}: {again}"
+                    ) from None
+            self._context, self._device, self._function = context, config.device, function
         return self._function
+
+    def _register(self, config):
+        import iree.runtime as rt
+
+        context = rt.SystemContext(config=config)
+        module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
+        context.add_vm_module(module)
+        return context, context.modules[module.name]["main"]
+
+    def _try_in_child(self) -> None:
+        """For a module built for a named CPU: one trial call in a child, so SIGILL kills only the child."""
+        cpu = cpu_of(self.flags)
+        if cpu is None or cpu in SAFE_CPUS or not self.driver.startswith("local"):
+            return
+        trial = (hashlib.sha256(self.vmfb).hexdigest(), self.driver)
+        if trial not in _TRIALS:
+            _TRIALS[trial] = self._trial_in_child(cpu)
+        if _TRIALS[trial] is not None:
+            raise TargetError(_TRIALS[trial])
+
+    def _trial_in_child(self, cpu: str) -> str | None:
+        network = self.plan.network
+        arguments = []
+        for i in self.arguments:
+            spec = network._specs[i]
+            dtype = np.dtype(np.int64) if isinstance(spec.dtype, SelectionType) else np.dtype(spec.dtype)
+            arguments.append((list(spec.shape), dtype.name))
+        with tempfile.TemporaryDirectory(prefix="topos-trial-") as directory:
+            folder = Path(directory)
+            (folder / "module.vmfb").write_bytes(self.vmfb)
+            (folder / "arguments.json").write_text(json.dumps(arguments))
+            try:
+                done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver], capture_output=True,
+                                      text=True, env=_child_environment(), check=False)
+            except OSError:
+                return None
+        if done.returncode >= 0:
+            return None  # ran, or failed in an ordinary way that running here will report
+        what = _child_death("a trial call of the module", done, f"running on the {self.driver} device")
+        lacks = " uses instructions this machine's CPU lacks" if done.returncode == -signal.SIGILL else (
+            " cannot run on this machine")
+        return (f"the module compiled for cpu={cpu!r}{lacks}: {what}. Compile with cpu='host' (the "
+                f"default) to run here; compiled.vmfb still runs on a machine with a {cpu} CPU")
 
     def describe(self) -> str:
         stages = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items())
@@ -205,25 +452,91 @@ class CompiledPlan:
             arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
         except Exception as error:
             raise _runtime_error(self, error) from None
-        return ResidentParameters(parameters, arrays)
+        return ResidentParameters(parameters, arrays, self)
 
     def step(self, state: "ResidentParameters", feeds, updates) -> tuple["ResidentParameters", "CompiledRun"]:
         """One training step on device: new parameters stay resident; read the loss from the run.
 
-        ``updates`` maps each parameter to the node holding its next value
-        (``topos.sgd(...)`` records one); those nodes must be entry results.
+        ``state`` comes from ``resident`` or an earlier step of a plan of
+        this network on this device. ``updates`` maps each parameter to the
+        node holding its next value (``topos.sgd(...)`` records one); those
+        nodes must be entry results.
         """
-        position = {n: k for k, n in enumerate(self.results)}
-        for parameter, new in updates.pairs():
-            if new.index not in position:
-                raise FeedError(f"update {new!r} of {parameter!r} is not a result of this plan's entry")
+        positions = self._update_positions(updates)
+        self._load()
+        self._check_state(state)
         args = self._arguments(None, feeds, resident=state)
-        outputs = self._call(self._load(), args)
+        outputs = self._call(self._function, args)
         run = CompiledRun(self, outputs)
         arrays = dict(state._device_arrays)
+        for parameter, position in positions:
+            arrays[parameter] = outputs[position]
+        return ResidentParameters(state._template, arrays, self), run
+
+    def _update_positions(self, updates) -> tuple[tuple[int, int], ...]:
+        """(parameter index, result position) per update, once checked to belong to this plan."""
+        from topos import Updates
+
+        if updates is self._checked_updates[0]:  # Updates are immutable: checked once
+            return self._checked_updates[1]
+        if not isinstance(updates, Updates):
+            raise FeedError(
+                f"{user_site()}: step takes the Updates that topos.sgd(...) or an optimizer's record(...) "
+                f"returned, got {type(updates).__name__}; pass topos.Updates(()) for a step that updates nothing"
+            )
+        network = self.plan.network
+        position = {n: k for k, n in enumerate(self.results)}
+        checked = []
         for parameter, new in updates.pairs():
-            arrays[parameter.index] = outputs[position[new.index]]
-        return ResidentParameters(state._template, arrays), run
+            parameter, new = getattr(parameter, "symbol", parameter), getattr(new, "symbol", new)
+            try:
+                p, n = network.check(parameter, "updated parameter"), network.check(new, "update")
+            except SymbolError as error:
+                raise SymbolError(
+                    f"{user_site()}: these Updates belong to another network ({error}); pass the Updates "
+                    "recorded on the network this plan was compiled from"
+                ) from None
+            if network._opcodes[p].name != "parameter":
+                raise FeedError(f"{user_site()}: update {new!r} is paired with {parameter!r}, a "
+                                f"{network._opcodes[p].name}; an update's first element is a parameter")
+            if (network._specs[p].shape, network._specs[p].dtype) != (network._specs[n].shape, network._specs[n].dtype):
+                raise FeedError(f"{user_site()}: update {new!r} has shape {list(network._specs[n].shape)}, "
+                                f"but parameter {parameter!r} has {list(network._specs[p].shape)}")
+            if n not in position:
+                raise FeedError(f"{user_site()}: update {new!r} of {parameter!r} is not a result of this plan's "
+                                "entry; compile network.entry(updates.roots(loss))")
+            checked.append((p, position[n]))
+        self._checked_updates = (updates, tuple(checked))
+        return self._checked_updates[1]
+
+    def _check_state(self, state) -> None:
+        """Refuse device state of another network, another device, or missing a parameter this plan reads."""
+        if not isinstance(state, ResidentParameters):
+            raise FeedError(
+                f"{user_site()}: step takes the ResidentParameters that compiled.resident(parameters) or an "
+                f"earlier step returned, got {type(state).__name__}; make one with compiled.resident(parameters)"
+            )
+        if state._plan is self:
+            return
+        network = self.plan.network
+        if state._template._family is not network.family:
+            raise SymbolError(
+                f"{user_site()}: this device state belongs to another network, not the one this plan was "
+                "compiled from; make this plan's state with compiled.resident(parameters), from a "
+                "Parameters table of this plan's network"
+            )
+        if state._device is not self._device:
+            raise FeedError(
+                f"{user_site()}: this device state lives on the {state._driver} device, but this plan runs on "
+                f"{self.driver}; move it with compiled.resident(state.to_host())"
+            )
+        for i in self.arguments:
+            if network._opcodes[i].name == "parameter" and i not in state._device_arrays:
+                label = f"%{i}" + (f" ({network._names[i]})" if i in network._names else "")
+                raise FeedError(
+                    f"{user_site()}: this device state has no array for parameter {label}, which this plan "
+                    "reads; make the state with compiled.resident(state.to_host().carried(network))"
+                )
 
     def __repr__(self) -> str:
         return f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments, {len(self.results)} results>"
@@ -238,18 +551,25 @@ def _runtime_error(compiled: CompiledPlan, error: Exception) -> ToposError:
     if "RESOURCE_EXHAUSTED" in str(error):
         peak, node = compiled.plan.peak()
         return DeviceMemoryError(
-            f"the {compiled.target.name} device ({compiled.driver}) ran out of memory running this plan; "
-            f"its live values peak at {peak} bytes (node {node}, see plan.describe()): reduce the batch "
-            f"or the declared results, or run on a larger device. IREE said: {error}"
+            f"{user_site()}: the {compiled.target.name} device ({compiled.driver}) ran out of memory running "
+            f"this plan; its live values peak at {peak} bytes (node {node}, see plan.describe()): reduce the "
+            f"batch or the declared results, or run on a larger device. IREE said: {error}"
         )
-    return ToposError(f"IREE could not run the module compiled for {compiled.target.name}: {error}")
+    return ToposError(f"{user_site()}: IREE could not run the module compiled for {compiled.target.name}: {error}")
 
 
 def to_host(array) -> np.ndarray:
-    """Copy one IREE DeviceArray to a host NumPy array.
+    """Copy one IREE DeviceArray to a host NumPy array the caller owns (read-only, never a device view)."""
+    return own(_host_view(array))
 
-    ``DeviceArray.to_host`` imports a host allocation as the copy's target.
-    Vulkan requires imported host pointers aligned to
+
+def _host_view(array) -> np.ndarray:
+    """The DeviceArray's contents on the host, possibly a view of the device buffer: never hand it out.
+
+    On the local drivers ``DeviceArray.to_host`` maps the device buffer
+    itself; that buffer may be the next step's input. ``DeviceArray.to_host``
+    elsewhere imports a host allocation as the copy's target. Vulkan
+    requires imported host pointers aligned to
     minImportedHostPointerAlignment (4096 on Mesa lavapipe), which a NumPy
     array is not, so there the import fails; then the result is copied
     through a staging buffer the device allocates itself (host-visible,
@@ -285,29 +605,26 @@ def _staged_to_host(array) -> np.ndarray:
 
 
 class CompiledRun:
-    """Results of one compiled call; ``run[symbol]`` copies that result to the host once."""
+    """Results of one compiled call; ``run[symbol]`` is a read-only host copy of that result, the caller's own."""
 
     def __init__(self, compiled: CompiledPlan, outputs: tuple):
         self._compiled = compiled
         self._outputs = outputs
-        self._host: dict[int, np.ndarray] = {}
+        self._host: dict[int, np.ndarray] = {}  # host views of results, kept private
 
     def _position(self, symbol) -> int:
         i = self._compiled.plan.network.check(symbol)
         try:
             return self._compiled.results.index(i)
         except ValueError:
-            from topos.errors import SymbolError
-
             raise SymbolError(f"{symbol!r} is not a declared result of this compiled plan") from None
 
     def __getitem__(self, symbol) -> np.ndarray:
         k = self._position(symbol)
         if k not in self._host:
-            array = to_host(self._outputs[k])
-            array.flags.writeable = False
-            self._host[k] = array
-        return self._host[k]
+            self._host[k] = _host_view(self._outputs[k])
+        # A view of the result may be a view of the next step's state: each read is a copy.
+        return own(self._host[k])
 
     def device(self, symbol):
         """The result still on the device (no host copy)."""
@@ -315,27 +632,34 @@ class CompiledRun:
 
 
 class ResidentParameters:
-    """A Parameters table whose arrays live on the IREE device between steps."""
+    """A Parameters table whose arrays live on the IREE device between steps.
 
-    def __init__(self, template, device_arrays: dict):
+    It knows its network (through the table it was made from) and its
+    device, so ``step`` refuses it anywhere else.
+    """
+
+    def __init__(self, template, device_arrays: dict, plan: CompiledPlan):
         self._template = template
         self._device_arrays = device_arrays
+        self._plan = plan
+        self._device = plan._device
+        self._driver = plan.driver
 
     def device(self, symbol):
         """The parameter's array on the device (an IREE DeviceArray; no host copy)."""
-        from topos.errors import SymbolError
-
-        self._template._slot(symbol)  # a SymbolError for a symbol of another network
-        index = symbol.index
+        slot = self._template._slot(symbol)  # a SymbolError for a symbol of another network
+        index = self._template.symbols()[slot].index  # a name works too
         if index not in self._device_arrays:
             raise SymbolError(f"{symbol!r} is not a parameter the compiled plan reads")
         return self._device_arrays[index]
 
     def to_host(self):
         """Copy back to a host Parameters table (the only host transfer of the training loop)."""
-
         pairs = []
-        for symbol, array in self._template.items():
+        for symbol in self._template.symbols():
             device = self._device_arrays.get(symbol.index)
-            pairs.append((symbol, array if device is None else to_host(device)))
+            pairs.append((symbol, self._template[symbol] if device is None else to_host(device)))
         return self._template._like(pairs)
+
+    def __repr__(self) -> str:
+        return f"<ResidentParameters: {len(self._device_arrays)} arrays on {self._driver}>"

@@ -9,6 +9,9 @@ points back to the Python line that recorded the node.
 
 from __future__ import annotations
 
+import importlib
+import os
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -136,6 +139,48 @@ def name_of(location: ir.Location) -> str | None:
     return location.name_str if isinstance(location, ir.NameLoc) else None
 
 
+_IMPORTLIB = os.path.dirname(importlib.__file__) + os.sep
+
+
+def python_location(
+    error: BaseException, context: ir.Context | None = None, ignore: tuple[str, ...] = ()
+) -> ir.Location | None:
+    """Where a Python exception was raised (its innermost frame), as a file location.
+
+    For a SyntaxError, the offending line and column. None when the
+    exception carries no frame outside Python's import machinery and the
+    files in ``ignore`` (the caller's own).
+    """
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:
+        return ir.Location.file(error.filename, error.lineno, error.offset or 0, context=context)
+    frames = [
+        frame for frame in traceback.extract_tb(error.__traceback__)
+        # <frozen importlib._bootstrap> and importlib/ are Python's; a module's own lines are not.
+        if not frame.filename.startswith(("<", _IMPORTLIB)) and frame.filename not in ignore
+    ]
+    if not frames:
+        return None
+    return ir.Location.file(frames[-1].filename, frames[-1].lineno or 0, 0, context=context)
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` of an exception on one line, as a diagnostic's message needs."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def core_message(error: ToposError) -> str:
+    """A core error's message on one line, without the call site it starts with.
+
+    The core names the innermost frame outside topos; for IR that a pass
+    reads back that is the tool's own caller, not a line of the IR.
+    """
+    from topos.provenance import user_site
+
+    text, prefix = str(error), f"{user_site()}: "
+    return " ".join((text[len(prefix):] if text.startswith(prefix) else text).split())
+
+
 # ---- printing ---------------------------------------------------------------------------
 
 
@@ -172,6 +217,6 @@ def _format_one(d: Diagnostic, sources: dict[str, str], rename: dict[str, str]) 
 
 
 __all__ = [
-    "Diagnostic", "DialectError", "VerificationError", "downcast", "file_position", "format_diagnostic",
-    "name_of", "node_location", "site_of", "source_label",
+    "Diagnostic", "DialectError", "VerificationError", "core_message", "downcast", "file_position",
+    "format_diagnostic", "name_of", "node_location", "one_line", "python_location", "site_of", "source_label",
 ]

@@ -6,21 +6,51 @@
     topos-opt tests.mlir --split-input-file --verify-diagnostics
     topos-opt --list-passes
 
-Input is verified after parsing and after every pass. Bad input (syntax,
-operand counts, shapes, unknown ops or passes) is reported as
-``file:line:col: error: message`` on stderr with exit status 1, never as a
-Python traceback.
+Input is verified after parsing and after every pass. The contract, as
+mlir-opt's: every run ends either in output and exit status 0, or in
+diagnostics on stderr and exit status 1, never in a Python traceback.
+
+* About the input: ``file:line:col: error: message``, with the line and a
+  caret below; bytes that are not UTF-8 are reported at their line, column
+  and byte offset. (An op the input places at ``loc(unknown)`` is reported
+  at ``<unknown>:0``, as mlir-opt does.)
+* About the pipeline (unknown passes, options, option values):
+  ``MLIR Textual PassPipeline Parser:1:<column>: error: ...``.
+* About the command line (an output that cannot be written, a pass
+  module that is missing): ``topos-opt: error: ...``. A pass module that
+  raises on import, or a pass that raises when run, is reported at the
+  Python line that raised, with the exception on one line.
+* Exit status 2, ``topos-opt: internal error``, is a bug of topos-opt
+  itself; set ``TOPOS_OPT_TRACEBACK=1`` for its traceback.
+
+Topos IR is ``func.func @main(...) { <topos ops> return ... }``. Top-level
+ops other than one module are wrapped in a module, as mlir-opt does, but a
+topos op must stand in the body of a func.func: one at the top level, or
+in another op's region, is an error, and so is a body that ends in a topos
+op (MLIR cannot know an unregistered op is no terminator). The passes that
+read the spec back (topos-plan, -fuse, -elect, -raise, -differentiate)
+need that function to be ``@main``, or the only function. With ``-o`` the
+output file is written whole (a temporary file, then a rename) and only
+when the run succeeds; an existing file is otherwise left as it was.
+``--no-verify-each`` hands unverified IR to the passes, like mlir-opt's
+``--mlir-very-unsafe-disable-verifier-on-parsing``: a pass may then fail
+on IR the verifier would have refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import re
+import stat
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from .diagnostics import Diagnostic, DialectError, format_diagnostic
 
@@ -108,19 +138,36 @@ def _pre_scan_modules(argv: Sequence[str]) -> list[str]:
     return modules
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``topos-opt`` console script; returns the exit status."""
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdin: IO | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Entry point of the ``topos-opt`` console script; returns the exit status.
+
+    ``stdin`` (bytes or text), ``stdout`` and ``stderr`` default to the
+    process's streams; tests pass their own to run the tool in-process.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        return _guarded(argv, stdin)
+
+
+def _guarded(argv: list[str], stdin: IO | None) -> int:
     try:
-        return _main(argv)
+        return _main(argv, stdin)
     except SystemExit as exit:  # argparse's verdict on the command line
         return exit.code if isinstance(exit.code, int) else EXIT_FAILURE
     except BrokenPipeError:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
-    except Exception as error:  # noqa: BLE001  (a bug in topos-opt or a pass: report it, no traceback)
-        sys.stderr.write(f"topos-opt: internal error: {type(error).__name__}: {error}\n")
+    except Exception as error:  # noqa: BLE001  (a bug in topos-opt itself: report it, no traceback)
+        sys.stderr.write(f"topos-opt: internal error: {_first_line(error)}\n")
         if os.environ.get(TRACEBACK_VARIABLE):
             traceback.print_exc()
         else:
@@ -128,13 +175,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _main(argv: list[str]) -> int:
+def _first_line(error: BaseException) -> str:
+    # An exception raised inside an MLIR callback (a walk) arrives wrapped, its
+    # traceback in the message; the line that names the cause is the last.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if "Traceback (most recent call last)" in str(error):
+        return lines[-1]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _main(argv: list[str], stdin: IO | None) -> int:
     from . import passes as _passes
 
     try:
         _passes.load_pass_modules(_pre_scan_modules(argv))
-    except ImportError as error:
-        sys.stderr.write(f"topos-opt: error: cannot load pass module: {error}\n")
+    except _passes.PassModuleError as error:
+        _report_all(error.diagnostics, {})
         return EXIT_FAILURE
     registered = _passes.registered_passes()
     parser = _parser(registered)
@@ -147,11 +203,17 @@ def _main(argv: list[str]) -> int:
     if arguments.list_passes:
         sys.stdout.write(_list_passes(registered))
         return 0
-    source_name = "<stdin>" if arguments.input == "-" else arguments.input
+    source_name = "<stdin>" if arguments.input == "-" else _display(arguments.input)
     try:
-        text = sys.stdin.read() if arguments.input == "-" else _read(arguments.input)
+        data = _read_stdin(stdin) if arguments.input == "-" else _read(arguments.input)
     except OSError as error:
         sys.stderr.write(f"topos-opt: error: could not open input file '{source_name}': {error.strerror}\n")
+        return EXIT_FAILURE
+    try:
+        text = decode_source(data, source_name)
+    except DialectError as error:
+        shown = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+        _report_all(error.diagnostics, {source_name: shown})
         return EXIT_FAILURE
     run = _Run(arguments, source_name, text, pipeline)
     outputs, ok = run.all_chunks()
@@ -160,15 +222,103 @@ def _main(argv: list[str]) -> int:
     if arguments.output == "-":
         sys.stdout.write(result)
         sys.stdout.flush()
-    else:
-        with open(arguments.output, "w", encoding="utf-8") as handle:
-            handle.write(result)
-    return 0 if ok else EXIT_FAILURE
+        return 0 if ok else EXIT_FAILURE
+    if not ok:
+        return EXIT_FAILURE  # as mlir-opt: a failed run keeps no output file (an old one stays as it was)
+    try:
+        write_atomically(arguments.output, result)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        sys.stderr.write(f"topos-opt: error: could not write output file '{_display(arguments.output)}': {reason}\n")
+        return EXIT_FAILURE
+    return 0
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
+def _display(path: str) -> str:
+    # A file name need not be UTF-8; MLIR locations and diagnostics take text.
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
         return handle.read()
+
+
+def _read_stdin(stdin: IO | None) -> bytes | str:
+    stream = stdin if stdin is not None else sys.stdin
+    return getattr(stream, "buffer", stream).read()  # bytes where the stream has them
+
+
+def decode_source(data: bytes | str, source_name: str) -> str:
+    """The input as text; bytes that are not UTF-8 raise DialectError at their line, column and offset."""
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        offset = error.start
+        line = data.count(b"\n", 0, offset) + 1
+        column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1  # in bytes, as MLIR counts columns
+        from iree.compiler import ir
+
+        with ir.Context():
+            where = ir.Location.file(source_name, line, column)
+        message = (
+            f"invalid UTF-8 byte 0x{data[offset]:02x} at byte offset {offset} ({error.reason}); "
+            "topos IR is UTF-8 text"
+        )
+        raise DialectError([Diagnostic("error", message, where)]) from None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` in full or not at all: a temporary file beside it, then a rename.
+
+    A path that is not a regular file (``/dev/null``, a pipe) is written
+    directly: renaming over it would replace the device with a file.
+    """
+    target = os.path.realpath(path)  # through a symlink, as opening the path would write
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    if os.path.exists(target):
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask  # what open() would have created; mkstemp makes 0600
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
+    except PermissionError:
+        if not os.access(target, os.W_OK):
+            raise
+        # A writable file in a folder we may not add to: writing it in place is the only way.
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    try:
+        with open(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _report_all(diagnostics, sources: dict[str, str]) -> None:
+    for diagnostic in diagnostics:
+        sys.stderr.write(_format(diagnostic, sources, {}) + "\n")
+
+
+def _format(diagnostic: Diagnostic, sources: dict[str, str], rename: dict[str, str]) -> str:
+    # A diagnostic about the command line (a pass module that will not load)
+    # has no place in the input; it reads like argparse's errors.
+    if diagnostic.location is None:
+        return f"topos-opt: {diagnostic.severity}: {diagnostic.message}"
+    return format_diagnostic(diagnostic, sources, rename)
 
 
 def _list_passes(registered) -> str:
@@ -263,9 +413,7 @@ class _Run:
 
     def _report(self, diagnostics: list[Diagnostic]) -> None:
         for diagnostic in diagnostics:
-            sys.stderr.write(
-                format_diagnostic(diagnostic, {self.source_name: self.text}, {"-": self.source_name}) + "\n"
-            )
+            sys.stderr.write(_format(diagnostic, {self.source_name: self.text}, {"-": self.source_name}) + "\n")
 
 
 def _foreign_ops(module, context) -> list[Diagnostic]:
@@ -342,7 +490,8 @@ def check_expected(text: str, diagnostics: list[Diagnostic], source_name: str) -
         if position is not None and position[0] in (source_name, "-"):
             line = position[1]
             match = next(
-                (e for e in wanted if not e.seen and e.severity == d.severity and e.line == line and e.message in d.message),
+                (e for e in wanted
+                 if not e.seen and e.severity == d.severity and e.line == line and e.message in d.message),
                 None,
             )
         if match is not None:

@@ -20,14 +20,16 @@ from iree.compiler import ir
 from iree.compiler.dialects import builtin
 
 from topos.element import selection
+from topos.errors import ToposError
 from topos.network import Network
 from topos.symbol import Symbol
 from topos.tape import Tape
 
 from . import context as _context
-from .diagnostics import Diagnostic, DialectError, VerificationError, name_of, site_of, source_label
+from .diagnostics import Diagnostic, DialectError, VerificationError, core_message, name_of, site_of, source_label
 from .emit import FUNCTION_NAME, OBSERVE
 from .ops import DIALECT, LeafOp, ToposOp, verify_module
+from .passes import structural_problems
 
 
 def parse_module(text: str, *, context: ir.Context | None = None, source_name: str = "<string>"):
@@ -62,7 +64,10 @@ def _parse_several(text: str, source_name: str):
     printed = wrapped.operation.get_asm(enable_debug_info=True)
     quoted = '"' + source_name.replace("\\", "\\\\").replace('"', '\\22') + '"'
     renamed = re.sub(r'loc\("-":', lambda _: f"loc({quoted}:", printed)
-    return ir.Operation.parse(renamed, source_name=source_name)
+    try:
+        return ir.Operation.parse(renamed, source_name=source_name)
+    except ir.MLIRError as error:
+        raise DialectError.from_mlir(error) from None
 
 
 def parse_spec(
@@ -71,7 +76,7 @@ def parse_spec(
     """Rebuild ``(network, roots, observes)`` from topos IR (text or a parsed module)."""
     module = parse_module(source, context=context) if isinstance(source, str) else source
     with module.context, ir.Location.unknown():
-        problems = verify_module(module)
+        problems = structural_problems(module) or verify_module(module)
         if problems:
             raise VerificationError(problems)
         function = _main_function(module)
@@ -85,6 +90,8 @@ def _main_function(module: ir.Module):
     if len(chosen) != 1:
         message = f"expected one func.func @{FUNCTION_NAME} holding the spec, found {len(functions)} functions"
         raise DialectError([Diagnostic.error(message, module.operation)])
+    if not list(chosen[0].regions[0].blocks):
+        raise DialectError([Diagnostic.error("the spec function is a declaration; it needs a body", chosen[0])])
     return chosen[0]
 
 
@@ -105,7 +112,15 @@ def _replay(function) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
                 [Diagnostic.error(f"'{name}' is not a topos op; only topos IR reads back into a spec", operation)]
             )
         view: ToposOp = operation.operation.opview
-        value = _record(tape, view, recorded)
+        try:
+            value = _record(tape, view, recorded)
+        except DialectError:
+            raise
+        except ToposError as error:  # the recorder refuses what the op verifier let through
+            raise DialectError([view.diagnostic(f"cannot be recorded: {core_message(error)}")]) from error
+        except MemoryError:  # sources come back as zeros of their shape, which must fit in memory
+            message = f"{view.operation.results[0].type} does not fit in memory"
+            raise DialectError([view.diagnostic(message)]) from None
         tape._sites[-1] = site_of(view.location)  # the recording site is the op's, not ours
         recorded[view.operation.results[0]] = value
     if terminator is None:

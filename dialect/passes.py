@@ -9,9 +9,11 @@ raises :class:`PassFailure` to report errors at op locations::
         ...
 
 Options arrive as strings, spelled as in MLIR pipelines:
-``topos-count{start=5}``. :func:`run_pipeline` runs a list of such
-elements, mixing registered Python passes and upstream MLIR passes
-(``canonicalize``, ``cse``, ``func.func(cse)``) by name.
+``topos-count{start=5}``; a pass raises :class:`OptionError` for a value
+it cannot use, and the error points at the pass in the pipeline.
+:func:`run_pipeline` runs a list of such elements, mixing registered
+Python passes and upstream MLIR passes (``canonicalize``, ``cse``,
+``func.func(cse)``) by name.
 """
 
 from __future__ import annotations
@@ -23,10 +25,22 @@ from dataclasses import dataclass
 
 from iree.compiler import ir, passmanager
 
-from .diagnostics import Diagnostic, DialectError
-from .ops import verify_module
+from .diagnostics import Diagnostic, DialectError, one_line, python_location
+from .ops import NODE, verify_module
 
 PIPELINE_PARSER = "MLIR Textual PassPipeline Parser"  # the "file" pipeline diagnostics point into
+
+
+class PassModuleError(DialectError):
+    """A module named to register passes could not be imported: it is missing, or it raised."""
+
+    @classmethod
+    def of(cls, module: str, error: BaseException) -> PassModuleError:
+        # A module that is simply not there has no line to point at; one
+        # that raised is reported where it raised, so its author can look.
+        missing = isinstance(error, ModuleNotFoundError) and error.name == module
+        where = None if missing else python_location(error, _current_context() or ir.Context(), (__file__,))
+        return cls([Diagnostic("error", f"cannot load pass module '{module}': {one_line(error)}", where)])
 
 
 class PassFailure(DialectError):
@@ -36,6 +50,10 @@ class PassFailure(DialectError):
     def at(cls, where, message: str) -> PassFailure:
         """One error at an op (or a location)."""
         return cls([Diagnostic.error(message, where)])
+
+
+class OptionError(ValueError):
+    """A pass option has a value the pass cannot use; reported in the pipeline text, at the pass."""
 
 
 @dataclass(frozen=True)
@@ -109,10 +127,19 @@ def load_pass_modules(extra: Iterable[str] = ()) -> None:
                 raise
     from importlib.metadata import entry_points
 
+    # Entry points and ``extra`` are other people's code: one that fails to
+    # import is a PassModuleError (a diagnostic), not a bug of topos.
+    # (SystemExit too: a module that calls sys.exit() on import has not loaded.)
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        entry.load()
+        try:
+            entry.load()
+        except (Exception, SystemExit) as error:
+            raise PassModuleError.of(entry.value, error) from error
     for module in extra:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except (Exception, SystemExit) as error:
+            raise PassModuleError.of(module, error) from error
 
 
 # ---- pipelines ---------------------------------------------------------------------------
@@ -273,12 +300,13 @@ def _run_python_pass(module, registered: Pass, options: dict[str, str], element:
             registered.run(module, **options)
         except DialectError:
             raise
+        except OptionError as error:
+            raise _pipeline_error(element, offset, f"pass '{registered.name}': {error}") from None
         except ir.MLIRError as error:
             raise PassFailure.from_mlir(error, f"pass '{registered.name}' failed") from error
-        except Exception as error:  # a bug in the pass: report it, keep the cause chained
-            raise PassFailure(
-                [Diagnostic.error(f"pass '{registered.name}' crashed: {type(error).__name__}: {error}")]
-            ) from error
+        except (Exception, SystemExit) as error:  # a bug in the pass: report it where it raised, cause chained
+            message = f"pass '{registered.name}' crashed: {one_line(error)}"
+            raise PassFailure([Diagnostic.error(message, python_location(error))]) from error
 
 
 def _upstream_pipeline_error(element: str, offset: int, text: str) -> DialectError:
@@ -305,14 +333,78 @@ def transform(text: str, pipeline: str, *, debug_info: bool = False) -> str:
 
 
 def verify_or_raise(module, after: str | None = None) -> None:
-    """MLIR's structural verifier, then every topos op's verifier; PassFailure on any problem."""
+    """MLIR's verifier, where topos ops stand, then every topos op's verifier; PassFailure on any problem."""
     try:
         module.operation.verify()
     except ir.MLIRError as error:
         raise PassFailure.from_mlir(error) from None
-    problems = verify_module(module)
+    problems = structural_problems(module) or verify_module(module)
     if problems:
         raise PassFailure(problems)
+
+
+MAX_BYTES = 2**63 - 1  # what a 64-bit size (NumPy's, MLIR's element count) can count
+
+
+def structural_problems(module) -> list[Diagnostic]:
+    """What MLIR cannot check about unregistered topos ops: where they stand and how big they are.
+
+    Topos IR is ``func.func @main(...) { <topos ops> return ... }``: a
+    topos op outside a function body (for example a bare op at the top
+    level, which parsing wraps in a module) is refused. MLIR's verifier
+    cannot know an unregistered op is no terminator, so a function body
+    that ends in a topos op, having lost its ``return``, is refused here.
+    A tensor too big for a 64-bit byte count is refused before NumPy or
+    the lowering overflow on it.
+    """
+    found: list[Diagnostic] = []
+
+    def visit(operation):
+        operation = operation.operation
+        if operation.name == "func.func":
+            for block in operation.regions[0].blocks:
+                last = list(block.operations)[-1:]
+                if last and last[0].operation.name.startswith("topos."):
+                    found.append(Diagnostic.error(
+                        f"block with no terminator: '{last[0].operation.name}' ends the body of a "
+                        "func.func; end it with `return`", last[0],
+                    ))
+        elif operation.name.startswith("topos."):
+            parent = operation.parent.name  # the walk starts at the module, so there is one
+            if parent != "func.func":
+                found.append(Diagnostic.error(
+                    f"{_op_label(operation)}: topos ops belong in the body of a func.func, not in "
+                    f"'{parent}' (topos IR is `func.func @main(...) {{ <topos ops> return ... }}`)", operation,
+                ))
+            for value in (*operation.operands, *operation.results):
+                size = _byte_size(value.type)
+                if size > MAX_BYTES:
+                    found.append(Diagnostic.error(
+                        f"{_op_label(operation)}: {value.type} would hold {size:.3g} bytes, more than "
+                        "a 64-bit size can count (2**63 - 1)", operation,
+                    ))
+                    break
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _op_label(operation) -> str:
+    node = operation.attributes[NODE] if NODE in operation.attributes else None
+    index = node.value if isinstance(node, ir.IntegerAttr) else "?"
+    return f"'{operation.name}' op node {index}"
+
+
+def _byte_size(mlir_type: ir.Type) -> int:
+    if not isinstance(mlir_type, ir.ShapedType) or not mlir_type.has_static_shape:
+        return 0
+    volume = 1
+    for extent in mlir_type.shape:
+        volume *= extent
+    element = mlir_type.element_type
+    width = element.width if isinstance(element, (ir.FloatType, ir.IntegerType)) else 64
+    return volume * max(width // 8, 1)
 
 
 # ---- the passes this module owns -----------------------------------------------------------
@@ -334,7 +426,8 @@ register_upstream_pass("inline", "Upstream MLIR inliner")
 
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "PASS_MODULES", "Pass", "PassFailure", "load_pass_modules", "lookup",
+    "ENTRY_POINT_GROUP", "PASS_MODULES", "OptionError", "Pass", "PassFailure", "PassModuleError",
+    "load_pass_modules", "lookup",
     "parse_options", "register_pass", "register_upstream_pass", "registered_passes",
     "run_pipeline", "split_pipeline", "transform", "verify_or_raise",
 ]

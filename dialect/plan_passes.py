@@ -18,9 +18,14 @@ what the NumPy plan would do, and nothing is decided twice.
 
 from __future__ import annotations
 
+import contextlib
+
 from iree.compiler import ir
 
-from .passes import PassFailure, register_pass
+from topos.errors import ToposError
+
+from .diagnostics import DialectError, core_message
+from .passes import OptionError, PassFailure, register_pass
 
 # Offers the emission consumer can serve: ones with a named StableHLO op.
 # Elementwise chains are left to IREE, which forms its own dispatch regions.
@@ -37,25 +42,62 @@ def _spec_of(module):
     return parse_spec(module)
 
 
-def _topos_ops(module) -> list:
+# Annotations these passes (and topos-raise) read back from the IR, with the
+# attribute class they are written as. The verifiers accept any topos.*
+# attribute, so input text may carry one of another type.
+READ_BACK = {"topos.fusion_kind": (ir.StringAttr, 'a string such as "convolution"')}
+
+
+def _topos_ops(module) -> tuple:
     """The topos ops of @main in order: position k is node k of the parsed spec."""
     from .parse import _main_function
 
     function = _main_function(module)
     block = function.regions[0].blocks[0]
-    return function, [op for op in block.operations if op.operation.name.startswith("topos.")]
+    ops = [op for op in block.operations if op.operation.name.startswith("topos.")]
+    for op in ops:
+        for name, (kind, spelling) in READ_BACK.items():
+            if name in op.attributes and not isinstance(op.attributes[name], kind):
+                message = f"'{op.operation.name}' op: annotation '{name}' must be {spelling}, got {op.attributes[name]}"
+                raise PassFailure.at(op, message)
+    return function, ops
+
+
+def _spans(numbers: list[int]) -> str:
+    """``0..4, 7`` for [0, 1, 2, 3, 4, 7]: node indices, short."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans) or "none"
 
 
 def _original(op) -> int:
     return ir.IntegerAttr(op.operation.attributes["node"]).value
 
 
+@contextlib.contextmanager
+def _core_refusals(function):
+    """The core's refusals (a ToposError, say an entry without roots) as a PassFailure at @main."""
+    try:
+        yield
+    except DialectError:
+        raise
+    except ToposError as error:
+        raise PassFailure.at(function, core_message(error)) from error
+
+
 def _plan(module, numerics: str = "exact"):
     from topos.plan import Numerics
 
+    from .parse import _main_function
+
     network, roots, observes = _spec_of(module)
     posture = Numerics.EXACT if numerics == "exact" else Numerics.FAST
-    return network, network.entry(list(roots), observe=list(observes), numerics=posture).lower()
+    with _core_refusals(_main_function(module)):
+        return network, network.entry(list(roots), observe=list(observes), numerics=posture).lower()
 
 
 def _attribute(value) -> ir.Attribute:
@@ -124,8 +166,13 @@ def elect_pass(module, *, kinds: str = ",".join(RAISABLE)) -> None:
     if "topos.offers" not in list(_topos_ops(module)[0].attributes):
         raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")
     from topos.plan import elect
+    from topos.plan.patterns import CATALOG
 
     wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+    known = [p.kind for p in CATALOG]
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise OptionError(f"kinds names {unknown[0]!r}, which is no fusion kind (kinds: {', '.join(known)})")
     network, plan = _plan(module)
     function, ops = _topos_ops(module)
     chosen = elect(plan.candidates(), lambda c: c.kind in wanted)
@@ -141,22 +188,24 @@ def differentiate_pass(module, *, target: str = "") -> None:
     """Replace @main by the spec plus the gradient of node ``target`` w.r.t. every parameter."""
     from .emit import emit_module
 
-    if target == "":
-        raise PassFailure.at(module.operation, "topos-differentiate needs target=<node index>")
+    try:
+        wanted = int(target)
+    except ValueError:
+        raise OptionError(f"target must be a node index, as in target=<node>; got {target!r}") from None
     network, roots, observes = _spec_of(module)
     function, ops = _topos_ops(module)
     originals = [_original(op) for op in ops]
-    try:
-        position = originals.index(int(target))
-    except ValueError:
-        raise PassFailure.at(module.operation, f"no op carries node = {target}") from None
+    if wanted not in originals:
+        raise OptionError(f"target={wanted} names no op of @main (its nodes: {_spans(originals)})")
+    position = originals.index(wanted)
     tape = network.reopen()
     loss = tape.resolve(network.symbol(position))
     if loss.shape != ():
         raise PassFailure.at(ops[position], f"target node {target} has shape {list(loss.shape)}; "
                              "differentiate needs a rank-0 target")
-    adjoints = tape.differentiate(loss, [tape.resolve(s) for s in network.parameter_symbols()])
-    grown = tape.seal()
+    with _core_refusals(function):
+        adjoints = tape.differentiate(loss, [tape.resolve(s) for s in network.parameter_symbols()])
+        grown = tape.seal()
     gradients = [g.symbol for g in adjoints.gradients]
     rebuilt = emit_module(grown, list(roots) + gradients, list(observes), context=module.context)
     body = module.body

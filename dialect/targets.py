@@ -1,8 +1,20 @@
-"""IREE targets: the flags that compile a StableHLO module for each device, and the driver that runs it."""
+"""IREE targets: the flags that compile a StableHLO module for each device, and the driver that runs it.
+
+Also the CPU names ``llvm-cpu`` accepts. LLVM ends the process (no
+exception) on some names it does not know, so a ``cpu`` is checked
+against LLVM's own list before any compile; LLVM prints that list only
+on its way out, so it is asked once per process, in a child.
+"""
 
 from __future__ import annotations
 
+import difflib
+import functools
+import os
+import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from topos.errors import ToposError
@@ -94,9 +106,84 @@ DATA_TILING_THRESHOLD = 2**26
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
 
 
+# The CPUs every llvm-cpu compile may name without asking LLVM: this machine's own
+# ("host", the default) and LLVM's portable baseline ("generic"). Only these compile
+# in-process; any other name compiles in a child process (dialect/compiled.py).
+SAFE_CPUS = ("host", "generic")
+CPU_FLAG = "--iree-llvmcpu-target-cpu="
+
+# A module whose StableHLO cannot fail in any interesting way; compiling it with
+# cpu "help" makes LLVM print the CPU names it accepts, then end the process.
+_LIST_CPUS = r"""
+from iree.compiler.api import Session, Source
+session = Session()
+session.set_flags("--iree-input-type=stablehlo", "--iree-hal-target-device=local",
+                  "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=help")
+invocation = session.invocation()
+text = ("func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "  %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n")
+invocation.parse_source(Source.wrap_buffer(session, text.encode()))
+invocation.execute()
+"""
+
+
+@functools.cache
+def llvm_cpus() -> tuple[str, tuple[str, ...]] | None:
+    """(architecture, CPU names) that IREE's LLVM accepts for this machine; None if LLVM would not say.
+
+    Asked of a child process once per process (about 0.3 s): LLVM prints
+    the list only on a name it does not know, and then ends the process.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", _LIST_CPUS], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    said = done.stderr + done.stdout
+    names = re.search(r"List of accepted CPUs: *(.+)", said)
+    architecture = re.search(r"Unknown CPU for target architecture (\S+?)\.?\s*$", said, re.MULTILINE)
+    if names is None or architecture is None:
+        return None
+    return architecture.group(1), tuple(n.strip() for n in names.group(1).split(",") if n.strip())
+
+
+def check_cpu(chosen: Target, cpu) -> None:
+    """Raise a TargetError naming the mistake unless ``cpu`` is one LLVM accepts for ``chosen``."""
+    if not isinstance(cpu, str):
+        raise TargetError(f"cpu must be a str such as 'host' (this machine), got {type(cpu).__name__} {cpu!r}")
+    if chosen.name != "llvm-cpu":
+        if cpu != "host":
+            raise TargetError(
+                f"cpu={cpu!r} chooses the CPU of target llvm-cpu; target {chosen.name} takes no cpu "
+                f"(its flags are in topos.dialect.targets.TARGETS): drop cpu="
+            )
+        return
+    if cpu in SAFE_CPUS:
+        return
+    known = llvm_cpus()
+    if known is None:  # LLVM would not say: the child-process compile still keeps this process alive
+        return
+    architecture, names = known
+    if cpu in names:
+        return
+    # GCC's "native" and architecture names are this machine to most people; LLVM knows neither.
+    closest = ["host"] if cpu.lower() in ("native", "x86_64", "amd64", "aarch64", "arm64") else []
+    if cpu.lower() in ("x86_64", "amd64") and "x86-64" in names:
+        closest.insert(0, "x86-64")
+    closest += [n for n in difflib.get_close_matches(cpu.lower(), names, n=3, cutoff=0.6) if n not in closest]
+    hint = f"did you mean {' or '.join(repr(n) for n in closest)}? " if closest else ""
+    raise TargetError(
+        f"unknown cpu {cpu!r} for {architecture}: {hint}Use cpu='host' (this machine's CPU, the "
+        f"default) or cpu='generic' (any {architecture} machine), or one of the names LLVM accepts "
+        f"for {architecture}: {', '.join(names)}"
+    )
+
+
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
               data_tiling: bool = False) -> tuple[str, ...]:
-    """Every compiler flag for this target and module."""
+    """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError."""
+    check_cpu(chosen, cpu)
     if uses_bf16 and not chosen.supports_bf16:
         raise TargetError(
             f"target {chosen.name} computes bfloat16 wrongly in this IREE release (zeros for constants "
@@ -104,7 +191,7 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
         )
     flags = list(_COMMON + chosen.flags)
     if chosen.name == "llvm-cpu":
-        flags.append(f"--iree-llvmcpu-target-cpu={cpu}")
+        flags.append(CPU_FLAG + cpu)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
     if uses_f64:
@@ -119,6 +206,14 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
             )
         flags.extend(chosen.f64_flags)
     return tuple(flags)
+
+
+def cpu_of(flags) -> str | None:
+    """The CPU an llvm-cpu flag list names, or None for a target without one."""
+    for flag in flags:
+        if flag.startswith(CPU_FLAG):
+            return flag[len(CPU_FLAG):]
+    return None
 
 
 def check_driver(name: str) -> None:

@@ -121,7 +121,7 @@ def sample(name: str, dtype, count: int, seed: int = 20240607):
         special = [1.0, -1.0, 22.0, 2.0**-28, 0.55]
     elif name in ("sin", "cos"):
         uniform = rng.uniform(-10.0, 10.0, part)
-        top = 73 if dtype == FLOAT64 else 127  # 2**73 ~ 1e22
+        top: float = 73 if dtype == FLOAT64 else 127  # 2**73 ~ 1e22
         logs = _signed_log_uniform(rng, part, -30, top)
         k = np.concatenate([np.arange(1, 64), rng.integers(64, 2**21, 200), rng.integers(2**21, 2**50, 100)])
         # 6381956970095103 * 2**797 is the double closest to a multiple of pi/2.

@@ -138,7 +138,7 @@ class BisectReport:
                 f"envelope{'' if len(outside) == 1 else 's'} ({_indices(outside)})")
 
     def __str__(self) -> str:
-        head = (f"topos bisect: no divergence on {self.target}" if self.ok
+        head = (f"topos bisect: no divergence on {self.target}" if self.first is None
                 else f"topos bisect: divergence at node {self.first.index} on {self.target}")
         lines = [head, ""]
         if self.first is not None:

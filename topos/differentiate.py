@@ -20,6 +20,7 @@ The order is part of the contract:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def varying(network_like) -> list[bool]:
     return flags
 
 
-def scan(columns, target: int, seed, payload: Callable[[int], object]) -> dict[int, object]:
+def scan(columns, target: int, seed, payload: Callable[[int], Any]) -> dict[int, Any]:
     """Propagate ``seed`` from ``target`` backward; return each reached node's cotangent.
 
     ``payload(i)`` gives node i's forward value in the payload being read
@@ -73,7 +74,7 @@ class Gradients:
 
     __slots__ = ("_network", "_arrays", "_target")
 
-    def __init__(self, network, arrays: dict[int, np.ndarray], target: int):
+    def __init__(self, network, arrays: dict[int, np.ndarray], target: int | None):
         self._network = network
         self._arrays = arrays
         self._target = target

@@ -22,7 +22,7 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
 ELEMENTS: tuple[np.dtype, ...] = (float32, float64, bfloat16)
 _SHORT = {float32: "f32", float64: "f64", bfloat16: "bf16"}
-_COMPUTE = {float32: float32, float64: float64, bfloat16: float32}
+_COMPUTE: dict[np.dtype, np.dtype] = {float32: float32, float64: float64, bfloat16: float32}
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def short_name(dtype: object) -> str:
     """The spelling used in describe lines and MLIR types: f32, f64, bf16, index<n>."""
     if isinstance(dtype, SelectionType):
         return str(dtype)
-    return _SHORT[np.dtype(dtype)]
+    return _SHORT[np.dtype(dtype)]  # type: ignore[call-overload]
 
 
 def compute_type(dtype: np.dtype) -> np.dtype:

@@ -47,6 +47,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -328,7 +329,7 @@ class _Twin:
         """d target / d each source by the derivative rules over float64 arrays (``Opcode.vjp``)."""
         network = self._network
         wanted = set(sources)
-        flows = {}
+        flows: dict[int, Any] = {}
         for i in self._order:
             operands = network._operands[i]
             flows[i] = i in wanted or any(flows[j] for j in operands)

@@ -131,7 +131,7 @@ def _shape(shape: object) -> tuple[int, ...]:
 
 def _element(dtype: DTypeLike) -> np.dtype:
     try:
-        element = np.dtype(dtype)  # type: ignore[call-overload]
+        element = np.dtype(dtype)
     except TypeError:
         element = np.dtype(np.void)  # not an element; np.dtype(None) would be float64
     if dtype is None or element not in ELEMENTS:

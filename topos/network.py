@@ -68,6 +68,20 @@ class Network:
         "_family", "_opcodes", "_operands", "_attributes", "_specs", "_sites", "_payloads",
         "_names", "_state", "_required", "_slots", "_inputs", "_consumers", "_by_name",
     )
+    _family: Family
+    _opcodes: tuple[Opcode, ...]
+    _operands: tuple[tuple[int, ...], ...]
+    _attributes: tuple[tuple[tuple[str, Any], ...], ...]
+    _specs: tuple[Spec, ...]
+    _sites: tuple[Site, ...]
+    _payloads: Mapping[int, np.ndarray]
+    _names: Mapping[int, str]
+    _state: frozenset[int]
+    _required: frozenset[int]
+    _slots: tuple[int, ...]
+    _inputs: tuple[int, ...]
+    _consumers: tuple[tuple[int, ...], ...] | None
+    _by_name: Mapping[str, int]
 
     def __init__(self):
         raise TypeError("a Network comes from Tape.record(...) or tape.seal()")
@@ -192,14 +206,16 @@ class Network:
 
     def consumers(self) -> tuple[tuple[int, ...], ...]:
         """For each node, the nodes that read it, in recording order."""
-        if self._consumers is None:
+        consumers = self._consumers
+        if consumers is None:  # computed once; two threads racing here compute the same tuple
             readers: list[list[int]] = [[] for _ in self._opcodes]
             for i, operands in enumerate(self._operands):
                 for j in operands:
                     if not readers[j] or readers[j][-1] != i:
                         readers[j].append(i)
-            object.__setattr__(self, "_consumers", tuple(tuple(r) for r in readers))
-        return self._consumers
+            consumers = tuple(tuple(r) for r in readers)
+            object.__setattr__(self, "_consumers", consumers)
+        return consumers
 
     def describe(self, sites: bool = False) -> str:
         """One line per node (index, opcode, operands, attributes, shape, dtype), then a summary."""

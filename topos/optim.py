@@ -92,7 +92,7 @@ class Optimizer:
     ``prefix`` starts the names of the state slots and the rate input.
     """
 
-    buffers: ClassVar[tuple[str, ...]] = ()  # per-parameter state, named like PyTorch's
+    buffers: tuple[str, ...] = ()  # per-parameter state, named like PyTorch's
     counts_steps: ClassVar[bool] = False
 
     def __init__(self, lr: float, weight_decay: float = 0.0, decay: Callable[[str], bool] | None = None, *,

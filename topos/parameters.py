@@ -28,6 +28,12 @@ class Parameters:
     """An immutable slot table: ``parameters[symbol]`` is that parameter's array."""
 
     __slots__ = ("_family", "_symbols", "_arrays", "_position", "_names", "_state")
+    _family: Family
+    _symbols: tuple[Symbol, ...]
+    _arrays: tuple[np.ndarray, ...]
+    _position: dict[int, int]
+    _names: tuple[str, ...]
+    _state: frozenset[int]
 
     @classmethod
     def _of(cls, family: Family, pairs, meta=None) -> Parameters:

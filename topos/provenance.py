@@ -7,6 +7,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass
+from types import FrameType
 
 _PACKAGE_ROOTS = tuple(
     os.path.dirname(os.path.abspath(p)) + os.sep
@@ -47,7 +48,7 @@ def _is_internal(filename: str) -> bool:
 
 def user_site() -> Site:
     """The innermost stack frame outside topos itself: the line the user wrote."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _is_internal(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:

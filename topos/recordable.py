@@ -315,7 +315,7 @@ def _inferred_shape(source, shape) -> tuple:
     if not holes:
         return shape
     rest = [d for i, d in enumerate(shape) if i not in holes]
-    known = _volume(rest) if all(isinstance(d, numbers.Integral) and d > 0 for d in rest) else 0
+    known = _volume(rest) if all(isinstance(d, numbers.Integral) and int(d) > 0 for d in rest) else 0
     if len(holes) > 1 or known == 0 or _volume(source) % known:
         raise _refusal(
             f"reshape: cannot infer the -1 extent of {list(shape)} from shape {list(source)} "

@@ -33,7 +33,7 @@ class Value(Recordable):
         self._index = index
 
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]  # Recordable declares what a payload has
         return self._tape._specs[self._index].shape
 
     @property
@@ -402,6 +402,7 @@ def _freeze(value):
 
 def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
     """Turn a recorded payload into a read-only array and its element type."""
+    dtype: Any
     if isinstance(value, Selection):
         array = value.indices.copy()
         dtype = SelectionType(value.extent)

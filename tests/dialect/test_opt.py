@@ -233,6 +233,41 @@ def test_a_crashing_pass_becomes_a_diagnostic_with_the_cause_chained(test_passes
     with pytest.raises(PassFailure, match="pass 'test-crash' crashed: KeyError: 'oops'") as caught:
         run_pipeline(module, "test-crash")
     assert isinstance(caught.value.__cause__, KeyError)
+    # It points at the line that raised, so the pass's author can look there.
+    lines = open(__file__, encoding="utf-8").read().splitlines()
+    raising_line = next(i for i, line in enumerate(lines, 1) if 'raise KeyError("oops")' in line)
+    assert caught.value.diagnostics[0].position() == (__file__, raising_line, 0)
+
+
+def test_an_option_value_a_pass_refuses_points_at_the_pass_in_the_pipeline():
+    @register_pass("test-refuse-option", "Refuse every value of its option")
+    def refuse(module, *, size="1"):
+        raise pass_registry.OptionError(f"size must be even, got {size}")
+
+    try:
+        module = emit_module(*graphs.walkthrough())
+        with pytest.raises(PassFailure) as caught:
+            run_pipeline(module, "topos-verify, test-refuse-option{size=3}")
+        assert str(caught.value) == (
+            "MLIR Textual PassPipeline Parser:1:15: error: pass 'test-refuse-option': size must be even, got 3"
+        )
+    finally:
+        pass_registry._REGISTRY.pop("test-refuse-option")
+
+
+def test_a_bug_of_topos_opt_is_an_internal_error_on_one_line(capsys, valid_file, monkeypatch):
+    def broken(module, after=None):  # as an exception raised inside an MLIR walk callback arrives
+        raise RuntimeError("Exception raised in callback: Traceback (most recent call last):\n"
+                           '  File "x.py", line 1, in visit\nAttributeError: no such thing')
+
+    monkeypatch.setattr(pass_registry, "verify_or_raise", broken)
+    monkeypatch.delenv("TOPOS_OPT_TRACEBACK", raising=False)
+    status, out, err = run_tool(capsys, valid_file)
+    assert (status, out) == (2, "")
+    assert err.splitlines() == [
+        "topos-opt: internal error: AttributeError: no such thing",
+        "topos-opt: set TOPOS_OPT_TRACEBACK=1 to see the Python traceback",
+    ]
 
 
 def test_verify_each_catches_a_pass_that_breaks_the_ir(test_passes):

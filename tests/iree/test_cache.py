@@ -1,4 +1,9 @@
-"""The compile cache: keyed by text, target and flags; hits skip the compiler; corrupt entries are rebuilt.
+"""The compile cache: keyed by text, target, flags and IREE versions; hits skip the compiler; bad entries are rebuilt.
+
+An entry is served only when its checksum holds, it carries its own key
+(a file renamed to another entry's name is not that entry) and IREE's
+runtime can load it. A directory that cannot hold the cache is a
+CacheError that names it, before anything compiles.
 
 Every test here gives ``compile`` an explicit CompileCache in its own
 temporary directory, so what one test stores cannot turn another's
@@ -17,8 +22,10 @@ import numpy as np
 import pytest
 
 from topos import Tape
-from topos.dialect.cache import CompileCache, default_directory, key
-from topos.dialect.compiled import compiler_version
+from topos import ToposError
+from topos.dialect import compiled as compiled_module
+from topos.dialect.cache import CacheError, CompileCache, default_directory, key
+from topos.dialect.compiled import CompileError, compiler_version, toolchain_version
 
 from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
@@ -99,29 +106,43 @@ def _only_entry(directory: Path) -> Path:
     return entry
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip-payload-byte", "flip-digest-byte", "empty"])
-def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_path, damage):
-    cache = CompileCache(tmp_path)
+@pytest.fixture(scope="module")
+def walkthrough_module():
+    """(cache key, vmfb) of ``_plan()`` for llvm-cpu, compiled once: tests seed their caches with it."""
+    compiled = _plan()[2].compile("llvm-cpu", cache=False)
+    return key(compiled.stablehlo, "llvm-cpu", compiled.flags, toolchain_version()), compiled.vmfb
+
+
+def _seeded(directory: Path, walkthrough_module) -> CompileCache:
+    cache = CompileCache(directory)
+    cache.store(*walkthrough_module)
+    return cache
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-payload-byte", "flip-key-byte", "flip-digest-byte", "empty"])
+def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_path, damage, walkthrough_module):
+    entry_key, vmfb = walkthrough_module
+    cache = _seeded(tmp_path, walkthrough_module)
     network, out, plan = _plan()
-    built = plan.compile("llvm-cpu", cache=cache)
     entry = _only_entry(tmp_path)
     data = bytearray(entry.read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip-payload-byte":
         data[len(data) // 2] ^= 0x40
-    elif damage == "flip-digest-byte":
+    elif damage == "flip-key-byte":
         data[12] ^= 0x01
+    elif damage == "flip-digest-byte":
+        data[80] ^= 0x01
     else:
         data = bytearray()
     entry.write_bytes(bytes(data))
-    entry_key = entry.stem
     assert cache.load(entry_key) is None and not entry.exists()  # detected and removed
     entry.write_bytes(bytes(data))
     rebuilt = plan.compile("llvm-cpu", cache=cache)
-    assert not rebuilt.cache_hit and rebuilt.vmfb == built.vmfb
-    assert cache.load(entry_key) == built.vmfb  # a valid entry again
-    assert rebuilt.forward(network.parameters())[out] == built.forward(network.parameters())[out]
+    assert not rebuilt.cache_hit and rebuilt.vmfb == vmfb and rebuilt.cache_key == entry_key
+    assert cache.load(entry_key) == vmfb  # a valid entry again
+    assert rebuilt.forward(network.parameters())[out] == network.forward(network.parameters())[out]
 
 
 def test_concurrent_processes_compiling_one_module_both_succeed_and_leave_one_valid_entry(tmp_path):
@@ -148,3 +169,126 @@ def test_concurrent_processes_compiling_one_module_both_succeed_and_leave_one_va
     assert CompileCache(tmp_path).load(entries[0].stem) is not None
     assert plan.compile("llvm-cpu", cache=CompileCache(tmp_path)).cache_hit
     assert compiler_version().startswith("iree-base-compiler")
+
+
+# ---- an entry is its key's, and a module the runtime loads ---------------------------------------
+
+
+def test_an_entry_carries_its_key_so_a_renamed_file_is_not_served(tmp_path):
+    cache = CompileCache(tmp_path)
+    first, second = key("a", "llvm-cpu", (), "iree 1"), key("b", "llvm-cpu", (), "iree 1")
+    cache.store(first, b"module A")
+    cache.store(second, b"module B")
+    assert cache.load(first) == b"module A" and cache.load(second) == b"module B"
+    swapped = tmp_path / "swap"
+    cache.path(first).rename(swapped)
+    cache.path(second).rename(cache.path(first))
+    swapped.rename(cache.path(second))
+    assert cache.load(first) is None and cache.load(second) is None  # valid checksums, wrong names
+    assert not list(tmp_path.glob("*.vmfb"))  # both removed, to be rebuilt
+
+
+def test_a_swapped_entry_never_runs_the_other_plans_module(tmp_path, walkthrough_module):
+    entry_key, vmfb = walkthrough_module
+    cache = CompileCache(tmp_path)
+    network, out, plan = _plan()
+    theirs = _plan(3.0)[2].compile("llvm-cpu", cache=cache)
+    cache.path(theirs.cache_key).rename(cache.path(entry_key))  # the other plan's module under my name
+    again = plan.compile("llvm-cpu", cache=cache)
+    assert not again.cache_hit and again.vmfb == vmfb
+    assert again.forward(network.parameters())[out] == network.forward(network.parameters())[out]
+    assert cache.load(entry_key) == vmfb
+
+
+def test_a_checksummed_entry_the_runtime_cannot_read_is_evicted_and_rebuilt(tmp_path, walkthrough_module):
+    entry_key, vmfb = walkthrough_module
+    cache = CompileCache(tmp_path)
+    cache.store(entry_key, b"\x08\x00\x00\x00IREE" + bytes(64))  # a valid entry holding no module
+    _, _, plan = _plan()
+    rebuilt = plan.compile("llvm-cpu", cache=cache)
+    assert not rebuilt.cache_hit and rebuilt.vmfb == vmfb
+    assert cache.load(entry_key) == vmfb
+    assert plan.compile("llvm-cpu", cache=cache).cache_hit
+
+
+@pytest.fixture(scope="module")
+def vulkan_module():
+    """The walkthrough plan's module for vulkan: IREE's VM reads it, the local-sync device refuses it."""
+    return _plan()[2].compile("vulkan", cache=False).vmfb
+
+
+def test_a_cached_module_the_device_refuses_is_rebuilt_when_it_first_loads(tmp_path, walkthrough_module,
+                                                                           vulkan_module):
+    entry_key, vmfb = walkthrough_module
+    cache = CompileCache(tmp_path)
+    cache.store(entry_key, vulkan_module)  # as if another IREE build had left it
+    network, out, plan = _plan()
+    stale = plan.compile("llvm-cpu", cache=cache)
+    assert stale.cache_hit and stale.vmfb == vulkan_module  # nothing shows until the device loads it
+    assert stale.forward(network.parameters())[out] == network.forward(network.parameters())[out]
+    assert not stale.cache_hit and stale.vmfb == vmfb and "iree-compile" in stale.timings
+    assert cache.load(entry_key) == vmfb
+
+
+def test_a_module_the_device_refuses_after_a_rebuild_is_a_compile_error_not_a_loop(
+        tmp_path, walkthrough_module, vulkan_module, monkeypatch):
+    entry_key, _ = walkthrough_module
+    cache = CompileCache(tmp_path)
+    cache.store(entry_key, vulkan_module)
+    network, _, plan = _plan()
+    stale = plan.compile("llvm-cpu", cache=cache)
+    rebuilds = []
+    monkeypatch.setattr(compiled_module, "_compile", lambda *_: rebuilds.append(1) or vulkan_module)
+    with pytest.raises(CompileError, match="cannot load the module it just compiled"):
+        stale.forward(network.parameters())
+    assert len(rebuilds) == 1
+
+
+# ---- a cache location that cannot work ---------------------------------------------------------
+
+
+def _tripwire(*_):
+    raise AssertionError("compiled before the cache location was checked")
+
+
+@pytest.mark.parametrize("where", ["a regular file", "under a regular file"])
+def test_a_cache_location_that_cannot_hold_files_is_a_cache_error_before_compiling(tmp_path, monkeypatch, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    directory = blocker if where == "a regular file" else blocker / "cache"
+    monkeypatch.setattr(compiled_module, "compile_stablehlo", _tripwire)
+    _, _, plan = _plan()
+    for cache in (CompileCache(directory), str(directory)):
+        with pytest.raises(CacheError) as failure:
+            plan.compile("llvm-cpu", cache=cache)
+        message = str(failure.value)
+        assert str(directory) in message and "regular file" in message, message
+        assert "TOPOS_CACHE_DIR" in message and "cache=False" in message, message
+    monkeypatch.setenv("TOPOS_CACHE_DIR", str(directory))
+    with pytest.raises(CacheError, match=r"\$TOPOS_CACHE_DIR"):
+        plan.compile("llvm-cpu")
+    assert issubclass(CacheError, ToposError) and issubclass(CacheError, OSError)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through the permission bits")
+def test_an_unwritable_cache_directory_is_a_cache_error(tmp_path, monkeypatch):
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    directory.chmod(0o500)
+    monkeypatch.setattr(compiled_module, "compile_stablehlo", _tripwire)
+    try:
+        with pytest.raises(CacheError, match="does not take new files"):
+            _plan()[2].compile("llvm-cpu", cache=CompileCache(directory))
+    finally:
+        directory.chmod(0o700)
+
+
+def test_a_cache_argument_that_names_no_cache_is_a_cache_error():
+    with pytest.raises(CacheError, match="pass True"):
+        _plan()[2].compile("llvm-cpu", cache=3)
+
+
+def test_a_directory_path_is_a_cache(tmp_path):
+    _, _, plan = _plan()
+    assert not plan.compile("llvm-cpu", cache=tmp_path).cache_hit
+    assert plan.compile("llvm-cpu", cache=str(tmp_path)).cache_hit

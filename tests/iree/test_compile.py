@@ -16,7 +16,7 @@ import topos
 from topos import FeedError, SymbolError, Tape, ToposError
 from topos.dialect import conformance
 from topos.dialect.cache import key
-from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, compiler_version
+from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, toolchain_version
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
@@ -181,7 +181,8 @@ def test_a_corrupt_cache_entry_is_rebuilt(compile_cache):  # noqa: F811  (the fi
     network, (_, _, loss, _) = _walkthrough(np.float32)
     plan = network.entry([loss]).lower()
     built = plan.compile("llvm-cpu")
-    entry = compile_cache / f"{key(built.stablehlo, 'llvm-cpu', built.flags, compiler_version())}.vmfb"
+    assert built.cache_key == key(built.stablehlo, "llvm-cpu", built.flags, toolchain_version())
+    entry = compile_cache / f"{built.cache_key}.vmfb"
     assert entry.exists()
     entry.write_bytes(entry.read_bytes()[:100])
     rebuilt = plan.compile("llvm-cpu")
@@ -205,7 +206,7 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
         network, big = Tape.record(lambda tape: tape.input(np.ones((1,), np.float32)).broadcast((1 << 36,)))
         compiled = network.entry([big]).lower().compile("llvm-cpu")
         try:
-            compiled.forward(network.parameters())
+            compiled.forward(network.parameters())  # the caller's line, named by the error
         except DeviceMemoryError as error:
             print("DeviceMemoryError:", error)
     """)
@@ -213,7 +214,8 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "DeviceMemoryError: the llvm-cpu device (local-sync) ran out of memory" in done.stdout, done.stdout
+    assert "DeviceMemoryError: <string>:10 in <module>: the llvm-cpu device (local-sync) ran out of memory" \
+        in done.stdout, done.stdout
     assert "RESOURCE_EXHAUSTED" in done.stdout
     assert issubclass(DeviceMemoryError, ToposError) and issubclass(DeviceMemoryError, MemoryError)
 

@@ -225,3 +225,44 @@ def test_vulkan_conformance_family_on_lavapipe(lavapipe, name):
     "lowering could emit selections as i32"))
 def test_vulkan_compiles_the_index_family():
     conformance_cases.record_family("index", topos.float32).entry().lower().compile("vulkan")
+
+
+# ---- the cpu of llvm-cpu ----------------------------------------------------------------------------
+
+
+def test_llvm_lists_the_cpus_it_accepts_for_this_architecture():
+    import platform
+
+    from topos.dialect.targets import llvm_cpus
+
+    known = llvm_cpus()
+    assert known is not None, "LLVM printed no CPU list for --iree-llvmcpu-target-cpu=help"
+    architecture, names = known
+    expected = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+    assert architecture == expected.get(platform.machine().lower(), architecture)
+    assert len(names) > 10 and "host" not in names and "generic" not in names
+    if architecture == "x86_64":
+        assert {"x86-64", "x86-64-v3", "skylake", "znver3"} <= set(names)
+        # 32-bit CPUs are in LLVM's help but end a 64-bit compile: they are not accepted.
+        assert not {"i686", "pentium4", "i386"} & set(names)
+
+
+@pytest.mark.parametrize("cpu", ["native", "pentium4", "Skylake ", "host,generic", ""])
+def test_flags_refuse_a_cpu_llvm_does_not_accept(cpu):
+    from topos.dialect.targets import flags_for, target
+
+    with pytest.raises(TargetError, match="unknown cpu"):
+        flags_for(target("llvm-cpu"), False, cpu)
+
+
+def test_the_default_cpus_need_no_question_to_llvm(monkeypatch):
+    from topos.dialect import targets
+
+    monkeypatch.setattr(targets, "llvm_cpus", lambda: pytest.fail("asked LLVM for its CPU list"))
+    for cpu in ("host", "generic"):
+        assert f"--iree-llvmcpu-target-cpu={cpu}" in targets.flags_for(targets.target("llvm-cpu"), False, cpu)
+
+
+def test_cpu_is_refused_for_a_target_that_takes_none():
+    with pytest.raises(TargetError, match="cpu='skylake' chooses the CPU of target llvm-cpu"):
+        _step().entry().lower().compile("cuda", cpu="skylake", cache=False)

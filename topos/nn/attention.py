@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
-from topos import Recordable, ShapeError
+from topos import Recordable, ShapeError, Value
 from topos.element import convert
 from topos.provenance import user_site
 
@@ -60,7 +61,7 @@ def scaled_dot_product_attention(query: Recordable, key: Recordable, value: Reco
         masks.append(causal_mask(length, source, query.dtype))
     for m in masks:
         if not isinstance(m, Recordable):
-            m = query.tape.leaf(convert(m, query.dtype))
+            m = cast(Value, query).tape.leaf(convert(m, query.dtype))
         scores = scores + m.broadcast_to(scores.shape)
     return scores.softmax(scores.ndim - 1) @ value
 

@@ -39,7 +39,7 @@ def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-    return pair  # type: ignore[return-value]
+    return pair
 
 
 def _windows(x: Recordable, size: tuple[int, int], stride: tuple[int, int]) -> Recordable:

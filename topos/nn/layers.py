@@ -297,6 +297,9 @@ class Dropout(Module):
         """The mask inputs this module recorded, one per call."""
         return list(self._inputs.values())
 
+    def mask_feeds(self, generator) -> dict:
+        return {mask.symbol: generator.dropout_mask(mask.shape, self.p, mask.dtype) for mask in self.masks()}
+
     @property
     def mask(self) -> Value:
         """The mask input of the module's one call."""

@@ -24,6 +24,7 @@ them as ``topos.Updates`` for the training entry, beside the optimizer's.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 
@@ -31,22 +32,26 @@ from topos import RecordingError, ShapeError, Tape, Updates, Value
 from topos.provenance import user_site
 
 
-class Parameter:
-    """Assign to a module attribute to record a trainable slot holding ``initial``."""
+class _Slot:
+    """What ``Parameter``/``Buffer`` return: a request, turned into a recorded slot on assignment."""
 
-    __slots__ = ("initial",)
+    __slots__ = ("initial", "trainable")
 
-    def __init__(self, initial):
-        self.initial = initial
+    def __init__(self, initial, trainable: bool):
+        self.initial, self.trainable = initial, trainable
 
 
-class Buffer:
+def Parameter(initial) -> Value:  # noqa: N802 - PyTorch's spelling
+    """Assign to a module attribute to record a trainable slot holding ``initial``.
+
+    Typed as the Value the attribute holds once assigned: the module records it then.
+    """
+    return cast(Value, _Slot(initial, trainable=True))
+
+
+def Buffer(initial) -> Value:  # noqa: N802 - PyTorch's spelling
     """Assign to a module attribute to record a state slot (carried between steps, never differentiated)."""
-
-    __slots__ = ("initial",)
-
-    def __init__(self, initial):
-        self.initial = initial
+    return cast(Value, _Slot(initial, trainable=False))
 
 
 class Module:
@@ -55,6 +60,16 @@ class Module:
     Subclasses call ``super().__init__()`` first, then assign
     ``Parameter``/``Buffer``/``Module`` attributes, and define ``forward``.
     """
+
+    _tape: Tape
+    _parameters: dict[str, Value]
+    _buffers: dict[str, Value]
+    _inputs: dict[str, Value]
+    _aliases: dict[str, Value]
+    _children: dict[str, Module]
+    _parent: Module | None
+    _key: str
+    _updates: list[tuple[Value, Value]]
 
     def __init__(self):
         tape = _current()
@@ -81,10 +96,8 @@ class Module:
                 f"{type(self).__name__}.__init__ must call super().__init__() before assigning {key!r}"
             )
         self._forget(key)
-        if isinstance(value, Parameter):
-            value = self._record_source(key, value.initial, trainable=True)
-        elif isinstance(value, Buffer):
-            value = self._record_source(key, value.initial, trainable=False)
+        if isinstance(value, _Slot):
+            value = self._record_source(key, value.initial, value.trainable)
         elif isinstance(value, Module):
             self._adopt(key, value)
         elif isinstance(value, Value) and value.tape is self._tape and value.name is not None:
@@ -222,14 +235,14 @@ class Module:
 
     def dropout_feeds(self, generator) -> dict:
         """Fresh masks for every Dropout in this tree: {mask input Symbol: array} to merge into feeds."""
-        feeds = {}
+        feeds: dict = {}
         for module in self.modules():
-            masks = getattr(module, "masks", None)
-            if masks is None:
-                continue
-            for mask in masks():
-                feeds[mask.symbol] = generator.dropout_mask(mask.shape, module.p, mask.dtype)
+            feeds.update(module.mask_feeds(generator))
         return feeds
+
+    def mask_feeds(self, generator) -> dict:
+        """This module's own fed masks, drawn from ``generator`` (none; ``Dropout`` has one per call)."""
+        return {}
 
     # -- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

@@ -36,7 +36,7 @@ class Entry:
             if s.index not in ordered:
                 ordered.append(s.index)
         self._readable = tuple(ordered)
-        self._closure = None
+        self._closure: frozenset[int] | None = None
 
     @property
     def results(self) -> tuple:

@@ -156,7 +156,9 @@ class Plan:
     # -- emission (the MLIR side is imported only when asked for) ------------------------------
     def _declared(self) -> tuple[list, list]:
         """Roots and observes as emitted: declared order, each symbol once."""
-        network, seen, roots, observes = self.network, set(), [], []
+        network, seen = self.network, set()
+        roots: list = []
+        observes: list = []
         for group, symbols in ((roots, self.entry.roots), (observes, self.entry.observes)):
             for s in symbols:
                 if s.index not in seen:

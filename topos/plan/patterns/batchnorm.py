@@ -162,7 +162,7 @@ class _RaiseOnly(Pattern):
                 found.append(candidate)
         return found
 
-    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:
+    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:  # type: ignore[override]
         raise NotImplementedError
 
     def execute(self, candidate, value, network, kernel_of):
@@ -176,7 +176,7 @@ class BatchNormTraining(_RaiseOnly):
 
     kind = "batch_norm_training"
 
-    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:
+    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:  # type: ignore[override]
         batch, features = view.spec(tail.root).shape
         mean_parts = _batch_mean(view, tail.mean, batch)
         variance_parts = _batch_mean(view, tail.variance, batch)
@@ -222,7 +222,7 @@ class BatchNormInference(_RaiseOnly):
 
     kind = "batch_norm_inference"
 
-    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:
+    def _match(self, view: StructureView, tail: _Tail) -> Candidate | None:  # type: ignore[override]
         if not view.closed(tail.root, tail.interior):
             return None
         batch, features = view.spec(tail.root).shape

@@ -161,7 +161,8 @@ class Convolution(Pattern):
         # at least as many filters as output columns ([B, OH, OW, F]), first
         # otherwise ([F, B, OH, OW]).
         filters_last = filters >= ow
-        out = product_buffer = None
+        out: np.ndarray | None = None
+        product_buffer: np.ndarray | None = None
         for k, (c, i, j) in enumerate(product(range(channels), range(kh), range(kw))):
             rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
             columns = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
@@ -174,8 +175,10 @@ class Convolution(Pattern):
                 out = slab * weights
                 product_buffer = np.empty_like(out)
             else:
+                assert product_buffer is not None
                 np.multiply(slab, weights, out=product_buffer)
                 np.add(out, product_buffer, out=out)
+        assert out is not None  # the kernel has at least one offset
         if not filters_last:
             out = np.ascontiguousarray(out.transpose(1, 2, 3, 0))
         result = out.reshape(batch * oh * ow, filters)
