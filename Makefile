@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(VENV)/installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check topos dialect
+	$(VENV)/bin/mypy topos dialect
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

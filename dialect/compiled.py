@@ -216,7 +216,7 @@ def _unreadable(vmfb: bytes) -> str | None:
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
-                 data_tiling: bool | None = None, rewrite=None) -> "CompiledPlan":
+                 data_tiling: bool | None = None, rewrite=None) -> CompiledPlan:
     """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
 
     ``cpu`` (llvm-cpu): "host" (this machine, the default), "generic", or
@@ -430,7 +430,7 @@ class CompiledPlan:
                 args.append(source_value(network, i, bound_parameters, bound_feeds))
         return args
 
-    def forward(self, parameters, feeds=None) -> "CompiledRun":
+    def forward(self, parameters, feeds=None) -> CompiledRun:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
         args = self._arguments(parameters, feeds)  # checked before the device is touched
         return CompiledRun(self, self._call(self._load(), args))
@@ -442,7 +442,7 @@ class CompiledPlan:
         except Exception as error:
             raise _runtime_error(self, error) from None
 
-    def resident(self, parameters) -> "ResidentParameters":
+    def resident(self, parameters) -> ResidentParameters:
         """Copy a Parameters table to the device once; ``step`` keeps it there."""
         import iree.runtime as rt
 
@@ -454,7 +454,7 @@ class CompiledPlan:
             raise _runtime_error(self, error) from None
         return ResidentParameters(parameters, arrays, self)
 
-    def step(self, state: "ResidentParameters", feeds, updates) -> tuple["ResidentParameters", "CompiledRun"]:
+    def step(self, state: ResidentParameters, feeds, updates) -> tuple[ResidentParameters, CompiledRun]:
         """One training step on device: new parameters stay resident; read the loss from the run.
 
         ``state`` comes from ``resident`` or an earlier step of a plan of

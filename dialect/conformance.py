@@ -225,7 +225,7 @@ def ulp_distance(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Representable numbers between got and want, elementwise (-0 and +0 one apart; NaN vs NaN 0)."""
     dtype = np.dtype(want.dtype)
     bits = _BITS[dtype]
-    width = np.iinfo(bits).bits
+    width = 8 * np.dtype(bits).itemsize
 
     def ordered(x):
         raw = np.ascontiguousarray(x, dtype=dtype).reshape(-1).view(bits).astype(np.int64)

@@ -25,6 +25,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -289,9 +290,9 @@ class FamilyGraph:
 
     name: str
     dtype: np.dtype
-    network: object
+    network: Any
     outputs: dict  # case name -> Symbol
-    loss: object
+    loss: Any
     gradients: tuple
     case_of: dict  # node index -> the case that recorded it ("loss" and "gradient" after the cases)
 
@@ -400,14 +401,15 @@ class FamilyResult:
     run_seconds: float = 0.0
     cache_hit: bool = False
     values: dict = field(default_factory=dict)  # node index -> compiled value
-    oracle: object = None                        # network.forward's Run
+    oracle: Any = None                        # network.forward's Run
 
     def relative_error(self, symbol) -> float:
         """max |compiled - oracle| / (eps * max |oracle|) for one result: the end-to-end error."""
         got = self.values[symbol.index].astype(np.float64)
         want = np.asarray(self.oracle[symbol]).astype(np.float64)
         eps = float(_finfo(self.graph.dtype).eps)
-        return float(np.max(np.abs(got - want)) / (eps * max(float(np.max(np.abs(want))), float(_finfo(self.graph.dtype).tiny))))
+        scale = max(float(np.max(np.abs(want))), float(_finfo(self.graph.dtype).tiny))
+        return float(np.max(np.abs(got - want)) / (eps * scale))
 
     def unexplained(self) -> list:
         """Failing reports that no known divergence covers: each one is a bug."""
@@ -485,7 +487,8 @@ def format_table(measured: Mapping, target: str = "llvm-cpu") -> str:
         row = f"{key:<20}"
         for n, dtype in zip(names, DTYPES):
             worst = measured.get((target, key, n))
-            chosen = envelope(*(key.split(":", 1) if key.startswith("map:") else (key, None)), dtype, target)
+            opcode_name, function = key.split(":", 1) if key.startswith("map:") else (key, None)
+            chosen = envelope(opcode_name, function, dtype, target)
             declared = "exact" if is_bit_exact(chosen) else f"{chosen.ulps:g}"
             row += f"{'-' if worst is None else f'{worst:.3g}':>12}{declared:>10}"
         lines.append(row)

@@ -257,7 +257,7 @@ class _Node:
                 self.op.location,
             ) from None
 
-    def int(self, name: str) -> int:
+    def integer(self, name: str) -> int:
         return ir.IntegerAttr(self.attribute(name)).value
 
     def ints(self, name: str) -> tuple[int, ...]:
@@ -432,7 +432,7 @@ def _full_sum(node: _Node) -> ir.Value:
 
 def _sum_along(node: _Node) -> ir.Value:
     (x,) = node.operands
-    return _convert(_sum(_widened(x), node.int("axis")), node.element)
+    return _convert(_sum(_widened(x), node.integer("axis")), node.element)
 
 
 def _broadcast(node: _Node) -> ir.Value:
@@ -442,7 +442,7 @@ def _broadcast(node: _Node) -> ir.Value:
 
 def _broadcast_along(node: _Node) -> ir.Value:
     (x,) = node.operands
-    return _restore_axis(x, node.int("axis"), node.shape)
+    return _restore_axis(x, node.integer("axis"), node.shape)
 
 
 def _reshape_rule(node: _Node) -> ir.Value:
@@ -457,20 +457,20 @@ def _permute(node: _Node) -> ir.Value:
 
 def _narrow(node: _Node) -> ir.Value:
     (x,) = node.operands
-    start = node.int("start")
-    return _slice(x, node.int("axis"), start, start + node.int("length"))
+    start = node.integer("start")
+    return _slice(x, node.integer("axis"), start, start + node.integer("length"))
 
 
 def _pad_rule(node: _Node) -> ir.Value:
     (x,) = node.operands
-    axis, start = node.int("axis"), node.int("start")
-    high = node.int("extent") - start - _shape(x)[axis]
+    axis, start = node.integer("axis"), node.integer("start")
+    high = node.integer("extent") - start - _shape(x)[axis]
     return _pad(x, axis, start, high, 0, 0.0)
 
 
 def _unfold(node: _Node) -> ir.Value:
     (x,) = node.operands
-    axis, size, step, dilation = (node.int(n) for n in ("axis", "size", "step", "dilation"))
+    axis, size, step, dilation = (node.integer(n) for n in ("axis", "size", "step", "dilation"))
     count = node.shape[axis]
     lane_shape = node.shape[: axis + 1] + (1,) + node.shape[axis + 2 :]
     lanes = []
@@ -488,7 +488,7 @@ def _unfold(node: _Node) -> ir.Value:
 def _fold(node: _Node) -> ir.Value:
     (x,) = node.operands
     axis, size, step, dilation, extent = (
-        node.int(n) for n in ("axis", "size", "step", "dilation", "extent")
+        node.integer(n) for n in ("axis", "size", "step", "dilation", "extent")
     )
     work = _widened(x)
     count = _shape(x)[axis]
@@ -550,7 +550,7 @@ def _scatter(node: _Node) -> ir.Value:
 
 def _log_softmax(node: _Node) -> ir.Value:
     (x,) = node.operands
-    axis = node.int("axis")
+    axis = node.integer("axis")
     work = _widened(x)
     shape = _shape(work)
     shifted = _binary("stablehlo.subtract", work, _restore_axis(_peak(work, axis), axis, shape))
@@ -561,7 +561,7 @@ def _log_softmax(node: _Node) -> ir.Value:
 
 def _logsumexp(node: _Node) -> ir.Value:
     (x,) = node.operands
-    axis = node.int("axis")
+    axis = node.integer("axis")
     work = _widened(x)
     peak = _peak(work, axis)
     shifted = _binary("stablehlo.subtract", work, _restore_axis(peak, axis, _shape(work)))

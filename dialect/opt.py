@@ -340,7 +340,9 @@ def _list_passes(registered) -> str:
 
 def split_chunks(text: str, marker: str) -> list[tuple[str, int]]:
     """Chunks between marker lines, each with the number of lines before it in the file."""
-    chunks, current, first, line_number = [], [], 0, 0
+    chunks: list[tuple[str, int]] = []
+    current: list[str] = []
+    first = line_number = 0
     for line_number, line in enumerate(text.splitlines(keepends=True)):
         if line.strip() == marker:
             chunks.append(("".join(current), first))

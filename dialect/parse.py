@@ -14,6 +14,7 @@ the spec but not an initial value.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 from iree.compiler import ir
@@ -100,7 +101,7 @@ def _replay(function) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
     if len(blocks) != 1:
         raise DialectError([Diagnostic.error("the spec function must have exactly one block", function)])
     tape = Tape()
-    recorded: dict[ir.Value, object] = {}
+    recorded: dict[ir.Value, Any] = {}
     terminator = None
     for operation in blocks[0].operations:
         name = operation.operation.name
@@ -148,12 +149,13 @@ def _record(tape: Tape, view: ToposOp, recorded: dict):
     name = view.opcode.name
     if name == "leaf":
         leaf: LeafOp = view
-        payload = leaf.value
+        payload: Any = leaf.value
         if leaf.extent is not None:
             payload = selection(payload, leaf.extent)
         return tape.leaf(payload)
     if name in ("parameter", "input"):
         spec = view.spec
+        default: Any
         if view.extent is not None:
             default = selection(np.zeros(spec.shape, dtype=np.int64), view.extent)
         else:

@@ -283,6 +283,7 @@ def _run_element(module, element: str, offset: int) -> None:
 
 
 def _run_python_pass(module, registered: Pass, options: dict[str, str], element: str, offset: int) -> None:
+    assert registered.run is not None  # only Python passes come here
     known = {option for option, _ in registered.options}
     accepts_any = any(
         p.kind is p.VAR_KEYWORD for p in inspect.signature(registered.run).parameters.values()

@@ -142,7 +142,8 @@ def fuse_pass(module) -> None:
     network, plan = _plan(module)
     function, ops = _topos_ops(module)
     originals = [_original(op) for op in ops]
-    offers, marks = [], {}
+    offers: list = []
+    marks: dict = {}
     for k, candidate in enumerate(plan.candidates()):
         offers.append(ir.DictAttr.get({
             "id": _i64(k),
