@@ -17,13 +17,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from topos.errors import ToposError
+from topos.errors import AtTheUsersLine
 
 _MAGIC = b"TOPOSVMFB2\n"
 _KEY_BYTES = 64  # a key is a SHA-256 in hex
 
 
-class CacheError(ToposError, OSError):
+class CacheError(AtTheUsersLine, OSError):
     """The compile cache's directory cannot be used, or ``cache=`` is not something that names one."""
 
 

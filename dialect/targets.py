@@ -17,10 +17,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from topos.errors import ToposError
+from topos.errors import AtTheUsersLine
 
 
-class TargetError(ToposError, ValueError):
+class TargetError(AtTheUsersLine, ValueError):
     """An unknown target, or a target this machine cannot compile or run."""
 
 

@@ -722,7 +722,106 @@ def saving_two_tables_with_one_name(tmp_path):
     checkpoint.save(tmp_path / "x.safetensors", network.parameters(), network.parameters())
 
 
+# ---- compiled plans and the cache --------------------------------------------------------------------
+
+def _compiled():
+    network, (w, x, loss) = _small()
+    return network, (w, x, loss), network.entry([loss]).lower().compile("llvm-cpu")
+
+
+def _trained():
+    def build(t):
+        w = t.parameter(np.ones((3, 2), F32), name="w")
+        loss = (t.input(np.ones((4, 3), F32), name="x") @ w).sum()
+        return loss, topos.sgd(t, t.differentiate(loss, [w]), 0.1)
+    network, (loss, updates) = Tape.record(build)
+    return network, loss, updates, network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+
+
+def _dialect():
+    from topos.dialect import cache, compiled, targets
+
+    return cache, compiled, targets
+
+
+def compiling_for_an_unknown_target():
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().compile("tpu")
+
+
+def compiling_for_the_native_cpu():
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().compile("llvm-cpu", cpu="native")
+
+
+def compiling_into_a_cache_that_is_a_file(tmp_path):
+    network, (w, x, loss) = _small()
+    (tmp_path / "cache").write_text("not a folder")
+    network.entry([loss]).lower().compile("llvm-cpu", cache=tmp_path / "cache")
+
+
+def compiling_with_a_cache_of_the_wrong_type():
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().compile("llvm-cpu", cache=3)
+
+
+@case(FeedError, r"input %1 \(x\)", r"expects shape \[4, 3\]")
+def a_compiled_run_fed_the_wrong_shape():
+    network, symbols, compiled = _compiled()
+    compiled.forward(network.parameters(), {"x": np.ones((2, 3), F32)})
+
+
+@case(SymbolError, "belong to another network family")
+def a_compiled_run_with_another_networks_table():
+    network, symbols, compiled = _compiled()
+    compiled.forward(_small()[0].parameters())
+
+
+@case(SymbolError, "not a declared result of this compiled plan")
+def reading_a_compiled_run_outside_its_results():
+    network, (w, x, loss), compiled = _compiled()
+    compiled.forward(network.parameters())[x]
+
+
+@case(SymbolError, "another network")
+def stepping_device_state_of_another_network():
+    network, loss, updates, compiled = _trained()
+    other, other_loss, other_updates, other_compiled = _trained()
+    compiled.step(other_compiled.resident(other.parameters()), {}, updates)
+
+
+@case(FeedError, "not a result of this plan's entry")
+def stepping_with_updates_that_are_not_results():
+    network, loss, updates, compiled = _trained()
+    plain = network.entry([loss]).lower().compile("llvm-cpu")
+    plain.step(plain.resident(network.parameters()), {}, updates)
+
+
 # ---- the table ----------------------------------------------------------------------------------------
+
+
+def _dialect_cases():
+    cache, compiled, targets = _dialect()
+    return [
+        pytest.param(compiling_for_an_unknown_target, targets.TargetError, ("tpu", "llvm-cpu"),
+                     id="compiling_for_an_unknown_target"),
+        pytest.param(compiling_for_the_native_cpu, targets.TargetError, ("native", "'host'"),
+                     id="compiling_for_the_native_cpu"),
+        pytest.param(compiling_into_a_cache_that_is_a_file, cache.CacheError, ("cache", "TOPOS_CACHE_DIR|cache=False"),
+                     id="compiling_into_a_cache_that_is_a_file"),
+        pytest.param(compiling_with_a_cache_of_the_wrong_type, cache.CacheError, ("cache",),
+                     id="compiling_with_a_cache_of_the_wrong_type"),
+    ]
+
+
+CASES.extend(_dialect_cases())
+
+
+@pytest.fixture(autouse=True)
+def _private_compile_cache(tmp_path_factory, monkeypatch):
+    """Compiles of this table land in a cache of its own, never the user's."""
+    monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "misuse-cache"))
+
 
 
 def test_the_catalogue_has_at_least_eighty_rows():

@@ -7,7 +7,7 @@ class ToposError(Exception):
     """Base of every error topos raises on purpose."""
 
 
-class _AtTheUsersLine(ToposError):
+class AtTheUsersLine(ToposError):
     """An error of the core: its message starts with the user's line, the call that failed.
 
     The site is the innermost frame outside topos (``provenance.user_site``);
@@ -25,29 +25,29 @@ class _AtTheUsersLine(ToposError):
         super().__init__(*args)
 
 
-class ShapeError(_AtTheUsersLine, ValueError):
+class ShapeError(AtTheUsersLine, ValueError):
     """A recorded operation got operands whose shapes or element types do not fit."""
 
 
-class FeedError(_AtTheUsersLine, ValueError):
+class FeedError(AtTheUsersLine, ValueError):
     """A run was fed something that does not match the recorded input."""
 
 
-class SymbolError(_AtTheUsersLine, LookupError):
+class SymbolError(AtTheUsersLine, LookupError):
     """A symbol was used where it does not belong (another tape, unknown, or undeclared)."""
 
 
-class SealedError(_AtTheUsersLine, RuntimeError):
+class SealedError(AtTheUsersLine, RuntimeError):
     """A value was used after its tape was sealed, or a sealed spec was asked to change."""
 
 
-class DifferentiationError(_AtTheUsersLine, ValueError):
+class DifferentiationError(AtTheUsersLine, ValueError):
     """A derivative was asked for something reverse mode cannot differentiate."""
 
 
-class RecordingError(_AtTheUsersLine, RuntimeError):
+class RecordingError(AtTheUsersLine, RuntimeError):
     """Something that records (a module, an optimizer) was used with no recording in progress, or on another one."""
 
 
-class CheckpointError(_AtTheUsersLine, ValueError):
+class CheckpointError(AtTheUsersLine, ValueError):
     """A checkpoint file could not be written or read, or does not fit the network it is loaded into."""
