@@ -1,0 +1,226 @@
+"""What every training example shares: the command line, the three readings of a step, the oracle check, the plot.
+
+An example records its training network (the model, its loss, and an
+optimizer recorded with ``optimizer.record``) and hands it here with a
+function that gives the feeds of step k. The step runs in one of three
+readings of the same spec, picked by ``--route``:
+
+* ``oracle``: ``network.forward`` (reference kernels, the truth) and
+  ``updates.apply``;
+* ``plan``: the same over a FAST plan of the training entry (BLAS, native math);
+* ``iree``: ``plan.compile("llvm-cpu")`` and ``compiled.step``, one IREE call
+  per step with the weights and the optimizer state on the device (the default).
+
+Before training, the first ``--check`` steps of the chosen reading are run
+beside the oracle's from the same weights, and the losses must agree
+within the end-to-end envelope (``topos.dialect.conformance.END_TO_END_ULPS``
+ulps of the loss per step) or the example stops. Training shows a tqdm
+progress bar with the running loss; ``--plot PATH`` writes the loss curve
+with matplotlib.
+
+Examples import this file as ``_training`` (it sits beside them; each adds
+``examples/`` to ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import topos
+from topos import Numerics, ToposError
+
+ROUTES = ("iree", "plan", "oracle")
+
+
+def parser(description: str, steps: int, seed: int = 42) -> argparse.ArgumentParser:
+    """The options every example takes; an example adds its own to the parser returned."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--route", choices=ROUTES, default="iree",
+                        help="which reading of the spec trains: iree (compiled, default), plan (FAST plan), oracle")
+    parser.add_argument("--steps", type=_positive, default=steps, help=f"training steps (default {steps})")
+    parser.add_argument("--seed", type=int, default=seed, help=f"seed of the data split, batches and init (default {seed})")
+    parser.add_argument("--plot", metavar="PATH", help="write the loss curve to PATH (PNG, with matplotlib)")
+    parser.add_argument("--check", type=int, default=3, metavar="N",
+                        help="steps checked against the oracle before training (default 3; 0 skips)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+class ExampleError(ToposError):
+    """An example's data or options are wrong; the message names the file or option and the fix."""
+
+
+@dataclass
+class Trainer:
+    """One training network read one way: ``step(feeds)`` advances the weights and returns the loss."""
+
+    network: object
+    loss: object
+    updates: object
+    route: str
+    parameters: object = None  # the starting table (default: the network's initials)
+    compile_seconds: float = 0.0
+    _state: object = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.route not in ROUTES:
+            raise ExampleError(f"unknown route {self.route!r}; pick one of {', '.join(ROUTES)}")
+        table = self.network.parameters() if self.parameters is None else self.parameters
+        roots = self.updates.roots(self.loss)
+        if self.route == "oracle":
+            self._state = table
+        elif self.route == "plan":
+            self._plan = self.network.entry(roots, numerics=Numerics.FAST).lower()
+            self._state = table
+        else:
+            began = time.perf_counter()
+            self._compiled = self.network.entry(roots).lower().compile("llvm-cpu")
+            self.compile_seconds = time.perf_counter() - began
+            self._state = self._compiled.resident(table)
+
+    def step(self, feeds) -> float:
+        if self.route == "iree":
+            self._state, run = self._compiled.step(self._state, feeds, self.updates)
+        else:
+            run = (self.network.forward(self._state, feeds) if self.route == "oracle"
+                   else self._plan.forward(self._state, feeds))
+            self._state = self.updates.apply(self._state, run)
+        return float(run[self.loss])
+
+    def table(self):
+        """The current weights (and optimizer state) as a host Parameters table."""
+        return self._state.to_host() if self.route == "iree" else self._state
+
+
+class Reader:
+    """A forward-only entry (evaluation, sampling) read the way the example trains: ``reader(table, feeds)``."""
+
+    def __init__(self, network, roots, route: str):
+        self.roots = list(roots)
+        self.route = route
+        if route == "oracle":
+            self._entry = network.entry(self.roots, numerics=Numerics.EXACT)
+        elif route == "plan":
+            self._plan = network.entry(self.roots, numerics=Numerics.FAST).lower()
+        else:
+            self._compiled = network.entry(self.roots).lower().compile("llvm-cpu")
+
+    def __call__(self, table, feeds):
+        """The run of this entry: index it by the roots' symbols."""
+        if self.route == "oracle":
+            return self._entry.interpret(table, feeds)
+        if self.route == "plan":
+            return self._plan.forward(table, feeds)
+        return self._compiled.forward(table, feeds)
+
+
+def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[[int], dict], steps: int) -> float:
+    """Run ``steps`` steps of ``route`` and of the oracle from the same weights; the worst loss gap in ulps.
+
+    Raises ExampleError when a gap leaves the end-to-end envelope.
+    """
+    if steps <= 0 or route == "oracle":
+        return 0.0
+    from topos.dialect.conformance import END_TO_END_ULPS
+
+    fast = Trainer(network, loss, updates, route)
+    oracle = Trainer(network, loss, updates, "oracle")
+    dtype = network.node(loss).dtype
+    eps = 2.0**-7 if dtype == topos.bfloat16 else float(np.finfo(dtype).eps)
+    worst = 0.0
+    for k in range(steps):
+        feeds = feeds_of(k)
+        mine, truth = fast.step(feeds), oracle.step(feeds)
+        ulps = abs(mine - truth) / (eps * max(1.0, abs(truth)))
+        worst = max(worst, ulps)
+        # Differences compound through the updates: allow the envelope once per step taken.
+        if not math.isfinite(mine) or ulps > END_TO_END_ULPS * (k + 1):
+            raise ExampleError(
+                f"step {k}: the {route} loss {mine!r} and the oracle's {truth!r} differ by {ulps:.1f} ulps, "
+                f"outside the envelope ({END_TO_END_ULPS * (k + 1):g}); run topos bisect on the training "
+                "network to find the node"
+            )
+    return worst
+
+
+def train(trainer: Trainer, feeds_of: Callable[[int], dict], steps: int, quiet: bool = False,
+          description: str = "training") -> list[float]:
+    """Run ``steps`` steps with a tqdm bar showing the running loss; returns every step's loss."""
+    losses: list[float] = []
+    bar = _progress(steps, quiet, description)
+    running = None
+    for k in range(steps):
+        loss = trainer.step(feeds_of(k))
+        if not math.isfinite(loss):
+            raise ExampleError(f"step {k}: the loss is {loss}; lower the learning rate (or check the data)")
+        losses.append(loss)
+        running = loss if running is None else 0.95 * running + 0.05 * loss
+        if bar is not None:
+            bar.update(1)
+            if k % 10 == 0 or k == steps - 1:
+                bar.set_postfix(loss=f"{running:.4f}")
+    if bar is not None:
+        bar.close()
+    return losses
+
+
+def _progress(steps: int, quiet: bool, description: str):
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the examples extra is not installed: train without a bar
+        return None
+    return tqdm(total=steps, desc=description, unit="step", leave=False)
+
+
+def plot(losses: Sequence[float], path: str, title: str) -> None:
+    """The loss curve (and its 100-step mean) as a PNG at ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ExampleError("--plot needs matplotlib: pip install -e '.[examples]'") from None
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot(losses, linewidth=0.6, alpha=0.5, label="minibatch loss")
+    window = max(1, min(100, len(losses) // 10))
+    if len(losses) >= window:
+        means = np.convolve(losses, np.ones(window) / window, mode="valid")
+        axes.plot(range(window - 1, len(losses)), means, label=f"mean of {window}")
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as error:
+        raise ExampleError(f"cannot write the plot to {path}: {error}") from None
+    finally:
+        plt.close(figure)
+
+
+def report(route: str, trainer: Trainer, seconds: float, steps: int, checked: float) -> str:
+    """One line on how the run went: route, compile time, ms per step, the oracle check."""
+    parts = [f"route {route}"]
+    if trainer.compile_seconds:
+        parts.append(f"compile {trainer.compile_seconds:.1f} s")
+    parts.append(f"{seconds / steps * 1000:.2f} ms/step")
+    if route != "oracle":
+        parts.append(f"first steps within {checked:.2f} ulps of the oracle")
+    return ", ".join(parts)

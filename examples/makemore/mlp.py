@@ -1,0 +1,139 @@
+"""makemore, part 2: a character-level MLP language model over names (Bengio et al. 2003), trained compiled.
+
+The model of Karpathy's lecture: the previous ``--context`` characters are
+embedded (``nn.Embedding``), concatenated, passed through one tanh hidden
+layer and a linear layer to 27 logits; cross-entropy over the next
+character's index. Three recordings of the one model, one per shape (a
+training batch, the whole dev split, a batch of samples), share their
+weights by name. Training runs through IREE by default (``--route``), after
+its first steps are checked against the oracle.
+
+Run: python examples/makemore/mlp.py [--steps 5000] [--optimizer sgd|adam] [--plot loss.png]
+Prints ``last-500 mean loss``, ``dev loss`` and sampled names as its last lines.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # names
+
+import numpy as np  # noqa: E402
+from _training import Reader, Trainer, check_against_oracle, parser, plot, report, train  # noqa: E402
+from names import Names, contexts, load  # noqa: E402
+
+import topos.nn.functional as F  # noqa: E402
+from topos import Tape, init, nn, optim  # noqa: E402
+
+
+class Mlp(nn.Module):
+    """Embedding table ``C``, a tanh hidden layer, an output layer; every weight Xavier-initialised."""
+
+    def __init__(self, vocabulary: int, context: int, embedding: int, hidden: int):
+        super().__init__()
+        xavier = init.xavier_uniform()
+        self.C = nn.Embedding(vocabulary, embedding, init=xavier)
+        self.hidden = nn.Linear(context * embedding, hidden, init=xavier, bias_init=init.zeros())
+        self.out = nn.Linear(hidden, vocabulary, init=xavier, bias_init=init.zeros())
+
+    def forward(self, tokens):
+        embedded = self.C(tokens)  # [batch, context, embedding]
+        flat = embedded.reshape((tokens.shape[0], -1))
+        return self.out(self.hidden(flat).tanh())
+
+
+def recorder(names: Names, args, rows: int, train_with=None):
+    """A recording of the model over ``rows`` contexts: the loss (and the optimizer), or the probabilities."""
+
+    def record(tape):
+        model = Mlp(names.vocabulary, args.context, args.embedding, args.hidden)
+        tokens = tape.input(shape=(rows, args.context), extent=names.vocabulary, name="context")
+        logits = model(tokens)
+        if train_with is None:
+            return F.softmax(logits)
+        target = tape.input(shape=(rows,), extent=names.vocabulary, name="next")
+        loss = F.cross_entropy(logits, target)
+        if train_with == "eval":
+            return loss
+        optimizer = optim.SGD(lr=0.1) if train_with == "sgd" else optim.Adam(lr=0.01)
+        return loss, optimizer.record(tape.differentiate(loss, model.parameters()))
+
+    return Tape.record(record, seed=args.seed)
+
+
+def learning_rate(args, step: int) -> float:
+    """The lecture's schedule: 0.1, then 0.01 from step 4000 of 5000 (scaled to --steps); Adam 0.01 then 0.001."""
+    late = step >= int(0.8 * args.steps)
+    if args.optimizer == "sgd":
+        return 0.01 if late else 0.1
+    return 0.001 if late else 0.01
+
+
+def sample(names: Names, network, probabilities, reader, table, count: int, context: int, seed: int) -> list[str]:
+    """``count`` names drawn one character at a time, all rows of the sampling batch at once."""
+    generator = init.Generator(seed)
+    window = np.zeros((count, context), dtype=np.int64)
+    words: list[list[int]] = [[] for _ in range(count)]
+    done = np.zeros(count, dtype=bool)
+    for _ in range(40):
+        p = np.asarray(reader(table, {"context": window})[probabilities], dtype=np.float64)
+        u = np.asarray(generator.uniform((count, 1), dtype=np.float64))
+        picked = np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), names.vocabulary - 1)
+        for row in np.flatnonzero(~done):
+            if picked[row] == 0:
+                done[row] = True
+            else:
+                words[row].append(int(picked[row]))
+        if done.all():
+            break
+        window = np.concatenate([window[:, 1:], picked[:, None]], axis=1)
+    return [names.decode(w) for w in words]
+
+
+def main(argv=None) -> None:
+    options = parser(__doc__.splitlines()[0], steps=5000)
+    options.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    options.add_argument("--context", type=int, default=3)
+    options.add_argument("--embedding", type=int, default=10)
+    options.add_argument("--hidden", type=int, default=100)
+    options.add_argument("--batch", type=int, default=64)
+    options.add_argument("--samples", type=int, default=20)
+    options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
+    args = options.parse_args(argv)
+
+    names = load(args.data, seed=42)
+    xs, ys = contexts(names, names.train, args.context)
+    dev_x, dev_y = contexts(names, names.dev, args.context)
+    batches = init.Generator(args.seed)
+    picks = [batches.integers((args.batch,), 0, len(xs)) for _ in range(args.steps)]
+
+    def feeds_of(step: int) -> dict:
+        rows = picks[step % len(picks)]
+        return {"context": xs[rows], "next": ys[rows], "optim.lr": learning_rate(args, step)}
+
+    network, (loss, updates) = recorder(names, args, args.batch, args.optimizer)
+    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps))
+    trainer = Trainer(network, loss, updates, args.route)
+    began = time.perf_counter()
+    losses = train(trainer, feeds_of, args.steps, args.quiet, "makemore mlp")
+    seconds = time.perf_counter() - began
+    trained = trainer.table()
+
+    dev, dev_loss = recorder(names, args, len(dev_x), "eval")
+    dev_value = float(Reader(dev, [dev_loss], args.route)(dev.parameters(trained), {"context": dev_x, "next": dev_y})[dev_loss])
+    sampler, probabilities = recorder(names, args, args.samples)
+    words = sample(names, sampler, probabilities, Reader(sampler, [probabilities], args.route),
+                   sampler.parameters(trained), args.samples, args.context, args.seed)
+    if args.plot:
+        plot(losses, args.plot, f"makemore MLP ({args.optimizer}, {args.route})")
+    print(report(args.route, trainer, seconds, args.steps, checked))
+    print(f"last-500 mean loss: {np.mean(losses[-500:]):.4f}")
+    print(f"dev loss: {dev_value:.4f}")
+    print("samples: " + " ".join(words))
+
+
+if __name__ == "__main__":
+    main()
