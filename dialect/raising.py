@@ -25,6 +25,25 @@ def _value(ops, position: int) -> ir.Value:
     return ops[position].result
 
 
+class _Raised:
+    """The ops by position, where a group raised earlier answers with its replacement (its old root is erased)."""
+
+    def __init__(self, ops, replaced: dict[int, ir.Value]):
+        self._ops, self._replaced = ops, replaced
+
+    def __getitem__(self, position: int):
+        if position in self._replaced:
+            return _Result(self._replaced[position])
+        return self._ops[position]
+
+
+class _Result:
+    __slots__ = ("result",)
+
+    def __init__(self, result: ir.Value):
+        self.result = result
+
+
 def _convolution(candidate, ops) -> dict[int, ir.Value]:
     d = candidate.details
     x = _widened(_value(ops, d["input"]))
@@ -140,14 +159,19 @@ def raise_pass(module) -> None:
              for op in ops if "topos.fusion_kind" in list(op.attributes)}
     network, plan = _plan(module)
     chosen = elect(plan.candidates(), lambda c: c.kind in kinds)
+    # A group's input may be the root of a group raised before it (a conv reading a max-pool):
+    # that root is erased, so every raise reads through the replacements made so far.
+    replaced: dict[int, ir.Value] = {}
+    view = _Raised(ops, replaced)
     for candidate in chosen:
         if candidate.kind not in RAISES:
             continue
         root = ops[candidate.root]
         with root.location, ir.InsertionPoint(root):
-            replacements = RAISES[candidate.kind](candidate, ops)
+            replacements = RAISES[candidate.kind](candidate, view)
         for position, value in replacements.items():
             ops[position].result.replace_all_uses_with(value)
+        replaced.update(replacements)
         for position in sorted(candidate.nodes, reverse=True):
             op = ops[position]
             if not list(op.result.uses):

@@ -76,3 +76,23 @@ def test_raised_module_compiled_by_iree_matches_the_oracle(dtype, tmp_path, monk
     run, oracle = compiled.forward(parameters), network.forward(parameters)
     np.testing.assert_allclose(run[loss], oracle[loss], rtol=1e-4)
     np.testing.assert_allclose(run[mean], oracle[mean], rtol=1e-4, atol=1e-5)
+
+
+def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_path, monkeypatch):
+    """conv -> relu -> pool -> conv -> relu -> pool: the second conv reads the first pool's raised result."""
+    monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
+
+    def model(tape):
+        x = tape.input(RNG.standard_normal((2, 1, 8, 8)).astype(np.float32))
+        w1 = tape.parameter((RNG.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32))
+        w2 = tape.parameter((RNG.standard_normal((6, 4, 3, 3)) * 0.3).astype(np.float32))
+        h = F.max_pool(F.conv2d(x, w1, padding=1).relu(), 2)
+        return F.max_pool(F.conv2d(h, w2, padding=1).relu(), 2).sum()
+
+    network, out = Tape.record(model)
+    plan = network.entry([out]).lower()
+    text = _raised(plan)
+    assert text.count("stablehlo.convolution") == 2 and text.count("stablehlo.reduce_window") == 2
+    compiled = plan.compile("llvm-cpu")
+    parameters = network.parameters()
+    np.testing.assert_allclose(compiled.forward(parameters)[out], network.forward(parameters)[out], rtol=1e-5)
