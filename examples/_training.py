@@ -78,18 +78,19 @@ class Trainer:
     def __post_init__(self):
         if self.route not in ROUTES:
             raise ExampleError(f"unknown route {self.route!r}; pick one of {', '.join(ROUTES)}")
-        table = self.network.parameters() if self.parameters is None else self.parameters
         roots = self.updates.roots(self.loss)
-        if self.route == "oracle":
-            self._state = table
-        elif self.route == "plan":
+        if self.route == "plan":
             self._plan = self.network.entry(roots, numerics=Numerics.FAST).lower()
-            self._state = table
-        else:
+        elif self.route == "iree":
             began = time.perf_counter()
             self._compiled = self.network.entry(roots).lower().compile("llvm-cpu")
             self.compile_seconds = time.perf_counter() - began
-            self._state = self._compiled.resident(table)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the starting weights (the compiled module is kept)."""
+        table = self.network.parameters() if self.parameters is None else self.parameters
+        self._state = self._compiled.resident(table) if self.route == "iree" else table
 
     def step(self, feeds) -> float:
         if self.route == "iree":
@@ -127,17 +128,20 @@ class Reader:
         return self._compiled.forward(table, feeds)
 
 
-def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[[int], dict], steps: int) -> float:
+def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[[int], dict], steps: int,
+                         trainer: Trainer | None = None) -> float:
     """Run ``steps`` steps of ``route`` and of the oracle from the same weights; the worst loss gap in ulps.
 
-    Raises ExampleError when a gap leaves the end-to-end envelope.
+    With ``trainer`` (of ``route``) its compiled module is used and it is reset afterwards, so
+    training starts from the same weights without compiling twice. Raises ExampleError when a
+    gap leaves the end-to-end envelope.
     """
     if steps <= 0 or route == "oracle":
         return 0.0
     from topos.dialect.conformance import END_TO_END_ULPS
 
-    fast = Trainer(network, loss, updates, route)
-    oracle = Trainer(network, loss, updates, "oracle")
+    fast = trainer if trainer is not None else Trainer(network, loss, updates, route)
+    oracle = Trainer(network, loss, updates, "oracle", parameters=fast.parameters)
     dtype = network.node(loss).dtype
     eps = 2.0**-7 if dtype == topos.bfloat16 else float(np.finfo(dtype).eps)
     worst = 0.0
@@ -153,7 +157,36 @@ def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[
                 f"outside the envelope ({END_TO_END_ULPS * (k + 1):g}); run topos bisect on the training "
                 "network to find the node"
             )
+    fast.reset()
     return worst
+
+
+def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], rows: int) -> np.ndarray:
+    """``read`` over fixed-size chunks of ``arrays`` (shapes are static: one recording per size), joined.
+
+    The last chunk is padded with zeros to ``rows`` and its extra outputs
+    dropped, so a recording of ``rows`` rows reads a split of any length.
+    """
+    count = len(arrays[0])
+    outputs = []
+    for start in range(0, count, rows):
+        chunk = [a[start:start + rows] for a in arrays]
+        short = rows - len(chunk[0])
+        if short:
+            chunk = [np.concatenate([c, np.zeros((short,) + c.shape[1:], c.dtype)]) for c in chunk]
+        outputs.append(np.asarray(read(*chunk))[: rows - short])
+    return np.concatenate(outputs)
+
+
+def run(main: Callable[[], None]) -> None:
+    """Call an example's ``main``; an ExampleError (bad data, bad options) is one line on stderr and exit status 2."""
+    import sys
+
+    try:
+        main()
+    except ExampleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def train(trainer: Trainer, feeds_of: Callable[[int], dict], steps: int, quiet: bool = False,

@@ -285,6 +285,29 @@ def test_batch_norm_readings_and_running_statistics_match_pytorch():
     assert not network.node(updates.pairs()[0][0]).trainable
 
 
+def test_inference_block_makes_a_whole_sequential_read_running_statistics():
+    x = np.random.default_rng(1).standard_normal((5, 3))
+    seen = {}
+
+    def record(tape):
+        model = nn.Sequential(nn.Linear(3, 3, dtype=F64), nn.BatchNorm(3, dtype=F64), nn.Tanh())
+        image = tape.input(x)
+        trained = model(image)
+        with nn.inference():
+            evaluated = model(image)
+            seen["inside"] = (nn.training_reading(), nn.training_reading(True))
+        seen["after"] = nn.training_reading()
+        return trained, evaluated, model
+
+    network, (trained, evaluated, model) = Tape.record(record)
+    run = network.forward(network.parameters())
+    assert seen == {"inside": (False, True), "after": True}  # the block reads inference; explicit wins
+    assert not np.allclose(run[trained], run[evaluated])  # batch statistics against the initial running ones
+    assert len(model.state_updates()) == 2  # only the training call records next statistics
+    expected = np.tanh((x @ network.parameters()["0.weight"].T + network.parameters()["0.bias"]) / np.sqrt(1 + 1e-5))
+    np.testing.assert_allclose(run[evaluated], expected, rtol=1e-12)
+
+
 def test_batch_norm_called_twice_in_training_is_refused_when_its_updates_are_gathered():
     def record(tape):
         bn = nn.BatchNorm(2)

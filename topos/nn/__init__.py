@@ -26,10 +26,11 @@ from .layers import (
     SiLU,
     Tanh,
 )
-from .module import Buffer, Module, ModuleList, Parameter, Sequential
+from .module import Buffer, Module, ModuleList, Parameter, Sequential, inference, training_reading
 
 __all__ = [
     "BatchNorm", "Buffer", "Conv2d", "Dropout", "Embedding", "Flatten", "GELU", "LayerNorm", "Linear", "MaxPool2d",
     "Mlp", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "RMSNorm", "ReLU", "RmsNorm", "Sequential",
-    "SiLU", "Tanh", "batch_norm", "batch_norm_inference", "conv2d", "functional", "max_pool",
+    "SiLU", "Tanh", "batch_norm", "batch_norm_inference", "conv2d", "functional", "inference", "max_pool",
+    "training_reading",
 ]

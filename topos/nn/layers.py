@@ -19,7 +19,7 @@ from topos import init as initializers
 from topos.provenance import user_site
 
 from . import functional as F
-from .module import Buffer, Module, Parameter, Sequential
+from .module import Buffer, Module, Parameter, Sequential, training_reading
 
 
 def _generator(generator):
@@ -53,16 +53,22 @@ class Linear(Module):
 
 
 class Tanh(Module):
+    """tanh, as a module for ``Sequential``."""
+
     def forward(self, x):
         return x.tanh()
 
 
 class ReLU(Module):
+    """max(x, 0), as a module."""
+
     def forward(self, x):
         return F.relu(x)
 
 
 class GELU(Module):
+    """GELU, exact or (``approximate="tanh"``) GPT-2's form, as a module."""
+
     def __init__(self, approximate: str = "none"):
         super().__init__()
         self.approximate = approximate
@@ -75,6 +81,8 @@ class GELU(Module):
 
 
 class SiLU(Module):
+    """x * sigmoid(x), as a module."""
+
     def forward(self, x):
         return F.silu(x)
 
@@ -156,6 +164,8 @@ class Conv2d(Module):
 
 
 class MaxPool2d(Module):
+    """Max-pooling of NCHW inputs over ``kernel_size`` windows (``stride`` defaults to the window)."""
+
     def __init__(self, kernel_size: int, stride: int | None = None):
         super().__init__()
         self.kernel_size, self.stride = kernel_size, stride
@@ -199,8 +209,9 @@ class BatchNorm(Module):
     the batch's statistics and records the next running statistics
     (``running = (1 - momentum) * running + momentum * batch``, the
     variance unbiased as in PyTorch), which ``module.state_updates()`` hands
-    to the training entry; ``bn(x, training=False)`` (inference) normalizes
-    by ``running_mean`` and ``running_var``, both state slots. PyTorch's
+    to the training entry; ``bn(x, training=False)``, or any call inside a
+    ``with nn.inference():`` block (so a whole ``Sequential`` reads this way),
+    normalizes by ``running_mean`` and ``running_var``, both state slots. PyTorch's
     ``num_batches_tracked`` counter is not kept (``momentum`` is fixed).
     """
 
@@ -212,7 +223,8 @@ class BatchNorm(Module):
         self.running_mean = Buffer(np.zeros(num_features, dtype))
         self.running_var = Buffer(np.ones(num_features, dtype))
 
-    def forward(self, x, training: bool = True):
+    def forward(self, x, training: bool | None = None):
+        training = training_reading(training)
         self.check_input(x, self.num_features, axis=1, rank=(2, 3, 4), what="channels", dtype=self.dtype)
         rows, restore = _channels_last_rows(x)
         scale = self.weight if self.weight is not None else rows.tape.leaf(np.ones(self.num_features, self.dtype))

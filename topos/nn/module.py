@@ -23,7 +23,9 @@ them as ``topos.Updates`` for the training entry, beside the optimizer's.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import numpy as np
@@ -305,6 +307,32 @@ class Module:
             lines.append(")")
             return "\n".join(lines)
         return lines[0] + ")"
+
+
+_readings = threading.local()
+
+
+@contextmanager
+def inference():
+    """Inside this block, layers with two readings (``BatchNorm``) record their inference reading.
+
+    A scope, not a switch on the module: ``with nn.inference(): logits = model(x)``
+    records the evaluation graph of a whole model, beside its training
+    graph in the same recording. An explicit ``training=`` still wins.
+    """
+    depth = getattr(_readings, "depth", 0)
+    _readings.depth = depth + 1
+    try:
+        yield
+    finally:
+        _readings.depth = depth
+
+
+def training_reading(training: bool | None = None) -> bool:
+    """The reading a layer records: ``training`` when given, else training unless inside ``inference()``."""
+    if training is not None:
+        return bool(training)
+    return getattr(_readings, "depth", 0) == 0
 
 
 def _current():
