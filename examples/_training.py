@@ -179,14 +179,14 @@ def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], row
 
 
 def run(main: Callable[[], None]) -> None:
-    """Call an example's ``main``; an ExampleError (bad data, bad options) is one line on stderr and exit status 2."""
+    """Call an example's ``main``; an ExampleError (bad data, bad options) is one line on stderr and exit status 1."""
     import sys
 
     try:
         main()
     except ExampleError as error:
         print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(1) from None
 
 
 def train(trainer: Trainer, feeds_of: Callable[[int], dict], steps: int, quiet: bool = False,
