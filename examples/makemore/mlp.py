@@ -14,16 +14,18 @@ Prints ``last-500 mean loss``, ``dev loss`` and sampled names as its last lines.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # names
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
-import numpy as np  # noqa: E402
-from _training import Reader, Trainer, check_against_oracle, parser, plot, report, train  # noqa: E402
+from _training import Reader, Trainer, check_against_oracle, parser, plot, report, run, train  # noqa: E402
 from names import Names, contexts, load  # noqa: E402
+from series import finish  # noqa: E402
+from series import sample as draw  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
@@ -74,26 +76,11 @@ def learning_rate(args, step: int) -> float:
 
 def sample(names: Names, network, probabilities, reader, table, count: int, context: int, seed: int) -> list[str]:
     """``count`` names drawn one character at a time, all rows of the sampling batch at once."""
-    generator = init.Generator(seed)
-    window = np.zeros((count, context), dtype=np.int64)
-    words: list[list[int]] = [[] for _ in range(count)]
-    done = np.zeros(count, dtype=bool)
-    for _ in range(40):
-        p = np.asarray(reader(table, {"context": window})[probabilities], dtype=np.float64)
-        u = np.asarray(generator.uniform((count, 1), dtype=np.float64))
-        picked = np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), names.vocabulary - 1)
-        for row in np.flatnonzero(~done):
-            if picked[row] == 0:
-                done[row] = True
-            else:
-                words[row].append(int(picked[row]))
-        if done.all():
-            break
-        window = np.concatenate([window[:, 1:], picked[:, None]], axis=1)
-    return [names.decode(w) for w in words]
+    return draw(names, lambda window: reader(table, {"context": window})[probabilities], count, context, seed)
 
 
-def main(argv=None) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The options: the harness's (--route, --steps, --seed, --plot, --check, --quiet) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=5000)
     options.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     options.add_argument("--context", type=int, default=3)
@@ -102,7 +89,11 @@ def main(argv=None) -> None:
     options.add_argument("--batch", type=int, default=64)
     options.add_argument("--samples", type=int, default=20)
     options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
-    args = options.parse_args(argv)
+    return options
+
+
+def main(argv=None) -> None:
+    args = command_line().parse_args(argv)
 
     names = load(args.data, seed=42)
     xs, ys = contexts(names, names.train, args.context)
@@ -115,25 +106,23 @@ def main(argv=None) -> None:
         return {"context": xs[rows], "next": ys[rows], "optim.lr": learning_rate(args, step)}
 
     network, (loss, updates) = recorder(names, args, args.batch, args.optimizer)
-    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps))
     trainer = Trainer(network, loss, updates, args.route)
+    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
     began = time.perf_counter()
     losses = train(trainer, feeds_of, args.steps, args.quiet, "makemore mlp")
     seconds = time.perf_counter() - began
     trained = trainer.table()
 
     dev, dev_loss = recorder(names, args, len(dev_x), "eval")
-    dev_value = float(Reader(dev, [dev_loss], args.route)(dev.parameters(trained), {"context": dev_x, "next": dev_y})[dev_loss])
+    dev_run = Reader(dev, [dev_loss], args.route)(dev.parameters(trained), {"context": dev_x, "next": dev_y})
+    dev_value = float(dev_run[dev_loss])
     sampler, probabilities = recorder(names, args, args.samples)
     words = sample(names, sampler, probabilities, Reader(sampler, [probabilities], args.route),
                    sampler.parameters(trained), args.samples, args.context, args.seed)
     if args.plot:
         plot(losses, args.plot, f"makemore MLP ({args.optimizer}, {args.route})")
-    print(report(args.route, trainer, seconds, args.steps, checked))
-    print(f"last-500 mean loss: {np.mean(losses[-500:]):.4f}")
-    print(f"dev loss: {dev_value:.4f}")
-    print("samples: " + " ".join(words))
+    finish(report(args.route, trainer, seconds, args.steps, checked), losses, dev_value, words)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

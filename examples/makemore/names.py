@@ -47,15 +47,20 @@ def load(path: str | Path | None = None, seed: int = 42) -> Names:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ExampleError(f"cannot read the names file {path}: {error}; pass --data FILE, one name per line") from None
-    words = [line.strip() for line in text.splitlines() if line.strip()]
-    bad = [w for w in words if not w.isascii() or not w.isalpha() or not w.islower()]
-    if not words or bad:
-        what = f"names such as {bad[0]!r} that are not lowercase a-z" if bad else "no names"
-        raise ExampleError(f"{path} holds {what}; the file must hold one lowercase name per line")
+    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    bad = [(number, w) for number, w in lines if not w.isascii() or not w.isalpha() or not w.islower()]
+    if bad:
+        number, word = bad[0]
+        raise ExampleError(f"{path}, line {number}: {word!r} is not a lowercase name (a-z only); the file must "
+                           f"hold one lowercase name per line ({len(bad)} such line{'s' if len(bad) > 1 else ''})")
+    words = [w for _, w in lines]
+    if not words:
+        raise ExampleError(f"{path} holds no names; the file must hold one lowercase name per line")
+    if len(words) < 10:
+        raise ExampleError(f"{path} holds only {len(words)} names; the 80/10/10 split needs at least 10")
     characters = END + "".join(sorted(set("".join(words))))
     shuffled = list(words)
-    random.seed(seed)
-    random.shuffle(shuffled)
+    random.Random(seed).shuffle(shuffled)  # the lectures' random.seed(42); random.shuffle(words)
     n1, n2 = int(0.8 * len(shuffled)), int(0.9 * len(shuffled))
     return Names(tuple(shuffled[:n1]), tuple(shuffled[n1:n2]), tuple(shuffled[n2:]), characters)
 
@@ -63,10 +68,11 @@ def load(path: str | Path | None = None, seed: int = 42) -> Names:
 def contexts(names: Names, words, context: int) -> tuple[np.ndarray, np.ndarray]:
     """Every (previous ``context`` characters, next character) pair of ``words``, as index arrays."""
     rows, targets = [], []
+    indices = {character: i for i, character in enumerate(names.characters)}
     for word in words:
         window = [0] * context
         for character in word + END:
-            index = names.index(character)
+            index = indices[character]
             rows.append(list(window))
             targets.append(index)
             window = window[1:] + [index]

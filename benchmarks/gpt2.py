@@ -1,0 +1,404 @@
+"""GPT-2 124M on one CPU core: the forward pass and KV-cache decoding, topos IREE against jax.jit and PyTorch eager.
+
+The model is ``examples/gpt2/gpt2.py`` at the 124M config (12 layers, 12
+heads, width 768, vocabulary 50257), float32, with GPT-2's random
+initialization drawn by ``topos.init`` (``--weights PATH`` loads a Hugging
+Face ``model.safetensors`` instead). The same weights feed every column:
+
+* topos IREE, resident  ``plan.compile("llvm-cpu")`` of an entry over the
+                        logits; the weights copied to the device once
+                        (``compiled.resident``) and each call a
+                        ``compiled.step`` that updates nothing
+* topos IREE, arguments the same module through ``compiled.forward(table,
+                        feeds)``: the 124M weights passed as arguments on
+                        every call
+* jax.jit               a JAX twin of the same mathematics (written below),
+                        the weights on the device, ``jax.jit``
+* PyTorch eager         a PyTorch twin (written below), ``torch.no_grad``
+
+Decoding: tokens per second of one decode step after another with the KV
+cache, from empty caches of ``--length`` positions. topos runs the
+example's decode entry (``sampling.Decoder``: the caches are fed inputs
+and returned results, copied between host and device every step, the
+weights resident); JAX updates its caches with ``dynamic_update_slice``
+under ``jax.jit`` (caches donated, on the device); PyTorch writes its
+caches in place and attends over the positions so far (the usual eager
+cache, less arithmetic than the fixed-length masked cache the other two
+use). Every result is read back to the host (NumPy) in every column.
+
+Compile times: topos's two entries (forward, decode) compiled into an
+empty cache directory, then again from it (cache hit); jax.jit's lower +
+compile of its two functions. The agreement table compares the logits
+of every column with PyTorch's. Timings are medians over interleaved
+rounds (wall clock and process CPU time); they are never asserted.
+
+Everything is pinned to one core before anything loads (sched_setaffinity,
+OPENBLAS/OMP/MKL_NUM_THREADS=1, ``torch.set_num_threads(1)``; XLA sizes
+its pools by the affinity mask; IREE's local-sync driver is single-threaded).
+
+Run: python benchmarks/gpt2.py [--weights model.safetensors] [--length 128] [--decode 32] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ALL_THREADS = "--all-threads" in sys.argv
+if not ALL_THREADS:
+    # Before NumPy, PyTorch or JAX load: their thread pools are sized at load time.
+    PINNED_CPU = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {PINNED_CPU})
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parent / "examples" / "gpt2"))
+
+import hf_gpt2  # noqa: E402
+from _timing import table  # noqa: E402
+from gpt2 import PRESETS, Config, record_generation  # noqa: E402
+from sampling import Decoder  # noqa: E402
+
+import topos  # noqa: E402
+from topos import Updates  # noqa: E402
+
+NOTHING = Updates(())
+MASKED = -1e9  # the additive mask value of topos.nn.functional.causal_mask, in every twin
+
+
+# ---- the twins: the same mathematics in JAX and PyTorch -------------------------------------------
+
+
+def jax_twin(config: Config, named: dict, length: int):
+    """(forward(params, tokens) -> logits, decode(params, token, position, caches) -> (logits, caches), params)."""
+    import jax
+    import jax.numpy as jnp
+
+    d, h, hd = config.width, config.heads, config.head_dim
+    params = {name: jax.device_put(array) for name, array in named.items()}
+
+    def norm(x, p, name):
+        mean = x.mean(-1, keepdims=True)
+        centered = x - mean
+        return centered / jnp.sqrt((centered * centered).mean(-1, keepdims=True) + 1e-5) * p[name + ".weight"] \
+            + p[name + ".bias"]
+
+    def conv1d(x, p, name):
+        return x @ p[name + ".weight"] + p[name + ".bias"]
+
+    def heads(x):
+        b, t, _ = x.shape
+        return x.reshape(b, t, h, hd).transpose(0, 2, 1, 3)
+
+    def block(x, p, i, attend):
+        pre = f"h.{i}."
+        q, k, v = map(heads, jnp.split(conv1d(norm(x, p, pre + "ln_1"), p, pre + "attn.c_attn"), 3, axis=-1))
+        y, cache = attend(q, k, v)
+        b, _, t, _ = y.shape
+        x = x + conv1d(y.transpose(0, 2, 1, 3).reshape(b, t, d), p, pre + "attn.c_proj")
+        m = jax.nn.gelu(conv1d(norm(x, p, pre + "ln_2"), p, pre + "mlp.c_fc"), approximate=True)
+        return x + conv1d(m, p, pre + "mlp.c_proj"), cache
+
+    def softmax_attend(q, k, v, mask):
+        scores = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(hd)) + mask
+        return jax.nn.softmax(scores, axis=-1) @ v
+
+    def logits(x, p):
+        return norm(x, p, "ln_f") @ p["wte.weight"].T
+
+    def forward(p, tokens):
+        t = tokens.shape[1]
+        mask = jnp.where(jnp.arange(t)[None, :] <= jnp.arange(t)[:, None], 0.0, MASKED).astype(jnp.float32)
+        x = p["wte.weight"][tokens] + p["wpe.weight"][:t]
+        for i in range(config.layers):
+            x, _ = block(x, p, i, lambda q, k, v: (softmax_attend(q, k, v, mask), None))
+        return logits(x, p)
+
+    def decode(p, token, position, caches):
+        mask = jnp.where(jnp.arange(length) <= position, 0.0, MASKED).astype(jnp.float32)
+        x = p["wte.weight"][token] + jax.lax.dynamic_slice_in_dim(p["wpe.weight"], position, 1)[None]
+        written = []
+        for i in range(config.layers):
+            def attend(q, k, v, i=i):
+                keys = jax.lax.dynamic_update_slice(caches[i][0], k, (0, 0, position, 0))
+                values = jax.lax.dynamic_update_slice(caches[i][1], v, (0, 0, position, 0))
+                return softmax_attend(q, keys, values, mask), (keys, values)
+
+            x, cache = block(x, p, i, attend)
+            written.append(cache)
+        return logits(x, p), written
+
+    return jax.jit(forward), jax.jit(decode, donate_argnums=(3,)), params
+
+
+def torch_twin(config: Config, named: dict):
+    """(forward(tokens) -> logits, decode(token, position, caches) -> logits), eager, over ``named``'s weights."""
+    import torch
+
+    nn = torch.nn.functional
+    d, h, hd = config.width, config.heads, config.head_dim
+    p = {name: torch.from_numpy(np.array(array)) for name, array in named.items()}
+
+    def norm(x, name):
+        return nn.layer_norm(x, (d,), p[name + ".weight"], p[name + ".bias"], eps=1e-5)
+
+    def conv1d(x, name):
+        return torch.addmm(p[name + ".bias"], x.reshape(-1, x.shape[-1]), p[name + ".weight"]).reshape(
+            *x.shape[:-1], -1)
+
+    def heads(x):
+        b, t, _ = x.shape
+        return x.view(b, t, h, hd).transpose(1, 2)
+
+    def block(x, i, attend):
+        pre = f"h.{i}."
+        q, k, v = map(heads, conv1d(norm(x, pre + "ln_1"), pre + "attn.c_attn").split(d, dim=2))
+        y = attend(q, k, v)
+        b, _, t, _ = y.shape
+        x = x + conv1d(y.transpose(1, 2).reshape(b, t, d), pre + "attn.c_proj")
+        return x + conv1d(nn.gelu(conv1d(norm(x, pre + "ln_2"), pre + "mlp.c_fc"), approximate="tanh"),
+                          pre + "mlp.c_proj")
+
+    def logits(x):
+        return norm(x, "ln_f") @ p["wte.weight"].T
+
+    @torch.no_grad()
+    def forward(tokens):
+        ids = torch.from_numpy(tokens)
+        t = ids.shape[1]
+        mask = torch.full((t, t), MASKED).triu(1)
+        x = p["wte.weight"][ids] + p["wpe.weight"][:t]
+        for i in range(config.layers):
+            x = block(x, i, lambda q, k, v: ((q @ k.transpose(-1, -2)) / math.sqrt(hd) + mask).softmax(-1) @ v)
+        return logits(x).numpy()
+
+    @torch.no_grad()
+    def decode(token, position, caches):
+        x = p["wte.weight"][torch.from_numpy(token)] + p["wpe.weight"][position]
+        for i in range(config.layers):
+            def attend(q, k, v, i=i):
+                keys, values = caches[i]
+                keys[:, :, position] = k[:, :, 0]
+                values[:, :, position] = v[:, :, 0]
+                seen_k, seen_v = keys[:, :, :position + 1], values[:, :, :position + 1]
+                return ((q @ seen_k.transpose(-1, -2)) / math.sqrt(hd)).softmax(-1) @ seen_v
+
+            x = block(x, i, attend)
+        return logits(x).numpy()
+
+    return forward, decode
+
+
+# ---- measuring --------------------------------------------------------------------------------------
+
+
+def interleaved(columns: dict, rounds: int, calls: int = 1) -> dict:
+    """column -> (median wall s, median CPU s) per call, each round calling every column ``calls`` times."""
+    for fn in columns.values():
+        fn()  # warm-up: first-call allocations, lazy loads
+    walls: dict = {name: [] for name in columns}
+    cpus: dict = {name: [] for name in columns}
+    for _ in range(rounds):
+        for name, fn in columns.items():
+            for _ in range(calls):
+                wall, cpu = time.perf_counter(), time.process_time()
+                fn()
+                walls[name].append(time.perf_counter() - wall)
+                cpus[name].append(time.process_time() - cpu)
+    return {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in columns}
+
+
+def timed(fn):
+    began = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - began
+
+
+def _relative(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}"]
+    for name in ("iree-base-compiler", "jax", "jaxlib", "torch"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--config", default="124M", choices=tuple(PRESETS), help="GPT-2 size (default 124M)")
+    options.add_argument("--weights", metavar="PATH", help="a Hugging Face GPT-2 model.safetensors (default random)")
+    options.add_argument("--length", type=int, default=128, help="tokens of the forward and cache positions (128)")
+    options.add_argument("--decode", type=int, default=32, help="decode steps timed per round (default 32)")
+    options.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    options.add_argument("--all-threads", action="store_true", help="leave thread counts and CPU affinity alone")
+    args = options.parse_args()
+    config = hf_gpt2.config_of(args.weights) if args.weights else Config.preset(args.config)
+    length = args.length
+    if not 1 <= length <= config.context or args.decode > length:
+        options.error(f"--length must be in 1..{config.context} and --decode at most --length")
+
+    import torch
+
+    if not ALL_THREADS:
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+    threads = "all threads" if ALL_THREADS else (f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; "
+                                                 "torch.set_num_threads(1)")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; {threads}")
+    print(f"versions: {versions()}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    os.environ["TOPOS_CACHE_DIR"] = tempfile.mkdtemp(prefix="topos-gpt2-bench-")  # first compiles are cold
+
+    # One spec: the example's generation graphs (prefill, decode) over one set of weights; the forward
+    # column is an entry over the prefill's logits alone.
+    (network, generation), record_seconds = timed(lambda: record_generation(
+        config, batch=1, length=length, seed=0, draw=args.weights is None))
+    weights = hf_gpt2.load(args.weights, network, config) if args.weights else network.parameters()
+    named = weights.named()
+    print(f"model: GPT-2 {args.config if not args.weights else args.weights} ({hf_gpt2.describe(config)}), "
+          f"{sum(a.size for a in named.values()):,} parameters, float32; "
+          f"{'random GPT-2 init by topos.init' if not args.weights else 'loaded'}; recorded in {record_seconds:.1f} s "
+          f"({len(network)} nodes)\n")
+    tokens = np.array(topos.init.Generator(1).integers((1, length), 0, config.vocabulary))  # writable: torch wraps it
+
+    compile_rows = []
+    entry = network.entry([generation.prefill_logits])
+    forward, first = timed(lambda: entry.lower().compile("llvm-cpu"))
+    _, hit = timed(lambda: network.entry([generation.prefill_logits]).lower().compile("llvm-cpu"))
+    compile_rows.append(["topos forward entry", f"{first:.1f}", f"{forward.timings.get('iree-compile', 0):.1f}",
+                         f"{hit:.1f}"])
+    decoder = Decoder(network, generation, weights, "iree")
+    caches0 = {name: np.zeros((1, config.heads, length, config.head_dim), np.float32)
+               for name in generation.cache_names()}
+    _, decode_first = timed(lambda: decoder.decode(tokens[:, 0], 0, caches0))  # compiles the decode entry
+    decode_plan = decoder.compiled[1]
+    _, decode_hit = timed(lambda: network.entry(generation.decode_roots()).lower().compile("llvm-cpu"))
+    compile_rows.append(["topos decode entry", f"{decode_first:.1f}",
+                         f"{decode_plan.timings.get('iree-compile', 0):.1f}", f"{decode_hit:.1f}"])
+    resident = forward.resident(weights)
+    logits = generation.prefill_logits
+
+    def topos_resident():
+        return forward.step(resident, {generation.tokens: tokens}, NOTHING)[1][logits]
+
+    def topos_arguments():
+        return forward.forward(weights, {generation.tokens: tokens})[logits]
+
+    jax_forward, jax_decode, params = jax_twin(config, named, length)
+    import jax
+
+    shaped = jax.ShapeDtypeStruct
+    cache_shape = (1, config.heads, length, config.head_dim)
+    (_, jax_forward_seconds) = timed(lambda: jax_forward.lower(params, tokens).compile())
+    empty = [(shaped(cache_shape, np.float32), shaped(cache_shape, np.float32)) for _ in range(config.layers)]
+    (_, jax_decode_seconds) = timed(lambda: jax_decode.lower(params, tokens[:, :1], np.int32(0), empty).compile())
+    compile_rows.append(["jax.jit forward", f"{jax_forward_seconds:.1f}", "—", "—"])
+    compile_rows.append(["jax.jit decode", f"{jax_decode_seconds:.1f}", "—", "—"])
+    torch_forward, torch_decode = torch_twin(config, named)
+
+    def jax_logits():
+        return np.asarray(jax_forward(params, tokens))
+
+    def torch_logits():
+        return torch_forward(tokens)
+
+    reference = torch_logits()
+    agreement = {"topos IREE, resident": _relative(topos_resident(), reference),
+                 "topos IREE, arguments": _relative(topos_arguments(), reference),
+                 "jax.jit": _relative(jax_logits(), reference)}
+    columns = {"topos IREE, resident": topos_resident, "topos IREE, arguments": topos_arguments,
+               "jax.jit": jax_logits, "PyTorch eager": torch_logits}
+    forward_times = interleaved(columns, args.rounds)
+
+    # Decoding: args.decode steps from empty caches, token by token (teacher-forced: the speed of the step).
+    def topos_decoding():
+        caches = {name: np.zeros(cache_shape, np.float32) for name in generation.cache_names()}
+        for position in range(args.decode):
+            out, caches = decoder.decode(tokens[:, position], position, caches)
+        return out
+
+    def jax_decoding():
+        import jax.numpy as jnp
+
+        caches = [(jnp.zeros(cache_shape, jnp.float32), jnp.zeros(cache_shape, jnp.float32))
+                  for _ in range(config.layers)]
+        for position in range(args.decode):
+            out, caches = jax_decode(params, tokens[:, position:position + 1], np.int32(position), caches)
+            out = np.asarray(out)
+        return out[:, 0]
+
+    def torch_decoding():
+        caches = [(torch.zeros(cache_shape), torch.zeros(cache_shape)) for _ in range(config.layers)]
+        for position in range(args.decode):
+            out = torch_decode(tokens[:, position:position + 1], position, caches)
+        return out[:, 0]
+
+    last = args.decode - 1
+    decode_reference = reference[:, last]
+    agreement_decode = {"topos IREE": _relative(topos_decoding(), decode_reference),
+                        "jax.jit": _relative(jax_decoding(), decode_reference),
+                        "PyTorch eager": _relative(torch_decoding(), decode_reference)}
+    decode_times = interleaved({"topos IREE": topos_decoding, "jax.jit": jax_decoding,
+                                "PyTorch eager": torch_decoding}, max(1, args.rounds // 2))
+
+    ours = forward_times["topos IREE, resident"]
+    print(f"forward, batch 1, T={length}: median ms per call (wall / process CPU), and the ratio of CPU times to "
+          "topos IREE resident (above 1: topos is faster)\n")
+    print(table(["column", "wall ms", "CPU ms", "ratio", "logits vs PyTorch"], [
+        [name, _ms(wall), _ms(cpu), f"{cpu / ours[1]:.2f}x", f"{agreement.get(name, 0.0):.1e}"]
+        for name, (wall, cpu) in forward_times.items()]))
+    print(f"\ndecode with the KV cache ({length} positions), {args.decode} steps from empty caches: tokens per "
+          "second (wall / process CPU); the last step's logits against PyTorch's full forward\n")
+    print(table(["column", "tokens/s (wall)", "tokens/s (CPU)", "ms per token (CPU)", "logits vs PyTorch"], [
+        [name, f"{args.decode / wall:.1f}", f"{args.decode / cpu:.1f}", _ms(cpu / args.decode),
+         f"{agreement_decode[name]:.1e}"] for name, (wall, cpu) in decode_times.items()]))
+    print("\ncompile, seconds (topos: lowering + StableHLO + IREE into an empty cache directory; cache hit: the "
+          "same entry again; jax.jit: lower + compile)\n")
+    print(table(["what", "first compile", "of which iree-compile", "cache hit"], compile_rows))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak resident memory of this process: {peak:,.0f} MB")
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
