@@ -1,0 +1,799 @@
+"""A differential fuzzer over the whole stack: random graphs, four readings that must agree.
+
+Hypothesis draws random well-typed graphs over all 27 opcodes (every map
+function included) in float32, float64 and bfloat16, each with a rank-0
+loss and its recorded gradients (``tape.differentiate(loss, parameters)``);
+see ``tests/_fuzz_graphs.py`` for what is drawn. Every graph is read four
+ways:
+
+1. the EXACT plan of the loss, the gradients and some observed values
+   against the oracle (``network.forward``): bit for bit;
+2. the recorded gradients (``run[adjoints[p]]``) against the backward scan
+   (``run.backward(loss)[p]``): bit for bit;
+3. IREE on llvm-cpu, node by node by *local* error, as ``topos.bisect``
+   judges (every computed node observed; each compared with its reference
+   kernel on its compiled operands, within ``conformance.TABLE``); several
+   graphs share one network so that one compile serves them all;
+4. ``topos.check_gradients`` (float64 finite differences): float64 graphs
+   must pass outright, float32 and bfloat16 graphs by their float64 *rule
+   error* (their own rounding is reported, not asserted).
+
+A disagreement is a failure unless it is one of the ``KNOWN`` divergences
+below, each matched by a precise test on the failing node and each with
+its reproduction run as a strict xfail (a fix turns it into a failure
+that asks for the entry to be removed). Check 4 also sets aside what
+float64 finite differences cannot judge: a quotient that crosses a
+maximum/step kink or leaves the function's domain, and a parameter whose
+elements, re-graded one by one at other steps, either agree with the rules
+or cannot be resolved by any quotient; each is counted and printed.
+``docs/reliability.md`` has the figures and the reproductions.
+
+    .venv/bin/python -m pytest -q tests/test_fuzz_stack.py -s            # default: about 2 minutes
+    .venv/bin/python -m pytest -q tests/test_fuzz_stack.py -m slow -s    # 10,000 graphs
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from _fuzz_graphs import (
+    DTYPES,
+    Graph,
+    Op,
+    Ref,
+    ancestors,
+    branches,
+    float64_gradients,
+    float64_values,
+    graphs,
+    record_alone,
+    record_together,
+    to_python,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.control import event as _hypothesis_event
+
+import topos
+from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape
+from topos.element import is_element
+
+SETTINGS = dict(deadline=None, database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.filter_too_much])
+HOST_GRAPHS = 1000  # checks 1, 2 and 4 in the default run
+IREE_BATCHES, BATCH = 14, 8  # check 3 in the default run: 14 compiles of 8 graphs each
+SLOW_HOST_GRAPHS = 10_000
+SLOW_IREE_BATCHES = 125  # 1,000 graphs, every tenth of the slow run's count
+HAS_LINKER = bool(shutil.which("ld") or shutil.which("cc"))  # float64 on llvm-cpu links a shared object
+
+
+def event(text: str) -> None:
+    """hypothesis.event inside a test (shown by --hypothesis-show-statistics); nothing outside one."""
+    if currently_in_test_context():
+        _hypothesis_event(text)
+
+
+def _bits(array) -> bytes:
+    array = np.ascontiguousarray(array)
+    return repr((array.shape, array.dtype.str)).encode() + array.tobytes()
+
+
+@dataclass
+class Tally:
+    """What one fuzzing run did: graphs and checks run, what was set aside and why, opcodes seen."""
+
+    graphs: Counter = field(default_factory=Counter)  # (dtype, mode)
+    checks: Counter = field(default_factory=Counter)  # check name -> times run
+    set_aside: Counter = field(default_factory=Counter)  # (check, reason) -> elements or graphs
+    opcodes: Counter = field(default_factory=Counter)
+    own_error_over_tolerance: Counter = field(default_factory=Counter)  # f32/bf16 parameters, reported only
+    worst_own_error: dict = field(default_factory=dict)
+
+    def seen(self, graph: Graph, network) -> None:
+        self.graphs[graph.dtype, graph.mode] += 1
+        for node in network.nodes():
+            name = node.opcode.name
+            self.opcodes[f"map:{node.attributes['function']}" if name == "map" else name] += 1
+
+    def summary(self, title: str) -> str:
+        total = sum(self.graphs.values())
+        by_dtype = Counter()
+        for (dtype, _), n in self.graphs.items():
+            by_dtype[dtype] += n
+        lines = [f"{title}: {total} graphs ({', '.join(f'{d} {n}' for d, n in sorted(by_dtype.items()))}; "
+                 f"tame {sum(n for (_, m), n in self.graphs.items() if m == 'tame')}, "
+                 f"wild {sum(n for (_, m), n in self.graphs.items() if m == 'wild')})"]
+        lines += [f"  check {name}: {n}" for name, n in sorted(self.checks.items())]
+        lines += [f"  set aside, {check}: {reason}: {n}" for (check, reason), n in sorted(self.set_aside.items())]
+        for dtype, n in sorted(self.own_error_over_tolerance.items()):
+            lines.append(f"  {dtype} backward scan outside check_gradients' default tolerance (reported, "
+                         f"not asserted): {n} parameters; worst error {self.worst_own_error.get(dtype, 0.0):.2e}")
+        lines.append(f"  nodes by opcode: {dict(sorted(self.opcodes.items()))}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Known:
+    """A known divergence between two readings of the stack: its name, what happens, where the fix belongs."""
+
+    name: str
+    what: str
+    fix: str
+
+
+def _covers_vocabulary(tally: Tally) -> None:
+    """The generator is not vacuous: every opcode, every map function and every element type occurred."""
+    wanted = {o.name for o in OPCODES if o.name != "map"} | {f"map:{f}" for f in MAP_FUNCTIONS}
+    missing = wanted - set(tally.opcodes)
+    assert not missing, f"the fuzzer never recorded {sorted(missing)}"
+    assert {d for d, _ in tally.graphs} == set(DTYPES)
+
+
+# ---- check 1: the EXACT plan against the oracle, bit for bit ------------------------------------------
+
+
+def check_exact_plan(network, built, oracle, tally: Tally) -> None:
+    plan = network.entry(built.roots(), observe=built.observes, numerics=Numerics.EXACT).lower()
+    planned = plan.forward(network.parameters(), built.feeds)
+    differing = [s for s in plan.results if _bits(planned[s]) != _bits(oracle[s])]
+    tally.checks["1 exact plan == oracle (graphs)"] += 1
+    if not differing:
+        return
+    if _one_element_in_place_add_nan(network, plan, planned, oracle, differing):
+        tally.set_aside["1 exact plan == oracle", f"{ONE_ELEMENT_IN_PLACE_ADD.name} (graphs)"] += 1
+        event(f"check 1: known divergence {ONE_ELEMENT_IN_PLACE_ADD.name}")
+        return
+    raise AssertionError(f"check 1: the EXACT plan differs from the oracle at {differing}\n"
+                         f"{to_python(built.graph)}\n{plan.describe()}")
+
+
+def _one_element_in_place_add_nan(network, plan, planned, oracle, differing) -> bool:
+    """Whether plan-one-element-in-place-add explains the difference: only NaN bits differ, and it can occur."""
+    for symbol in differing:
+        got = np.asarray(planned[symbol]).astype(np.float64)
+        want = np.asarray(oracle[symbol]).astype(np.float64)
+        if not np.array_equal(np.isnan(got), np.isnan(want)) or not np.array_equal(got[~np.isnan(got)],
+                                                                                   want[~np.isnan(want)]):
+            return False
+    nodes = network.nodes()
+    for group in plan.fusions():
+        if group.kind != "elementwise":
+            continue
+        for previous, n in zip(group.nodes, group.nodes[1:]):
+            node = nodes[n]
+            if node.opcode.name == "add" and math.prod(node.shape) == 1 and node.operands[0].index == previous:
+                return True
+    return False
+
+
+# ---- check 2: recorded gradients against the backward scan, bit for bit ----------------------------------
+
+
+def check_recorded_gradients(network, built, oracle, tally: Tally) -> None:
+    scanned = oracle.backward(built.loss)
+    for parameter, gradient in built.adjoints.pairs():
+        assert _bits(oracle[gradient]) == _bits(scanned[parameter]), (
+            f"check 2: the recorded gradient of {parameter!r} differs from the backward scan\n"
+            f"{to_python(built.graph)}")
+    tally.checks["2 recorded gradients == backward scan (graphs)"] += 1
+
+
+# ---- check 4: float64 finite differences --------------------------------------------------------------
+
+
+def _quotient_hazard(network, oracle, built, entry, step: float) -> str | None:
+    """Why the difference quotients of ``entry`` cannot measure a derivative, if they cannot.
+
+    Replays the float64 twin at every point the quotients evaluate (x +- h, x +- h/2): a maximum or
+    step that changes side is a kink; an inf or NaN that appears is the edge of the function's domain.
+    """
+    base = float64_values(network, oracle)
+    taken = branches(network, base)
+    closure = [j for j in ancestors(network, built.loss.index) if np.asarray(base[j]).dtype.kind == "f"]
+    i = entry.symbol.index
+    for element in np.ndindex(*network.nodes()[i].shape):
+        x = float(base[i][element])
+        h = step * max(1.0, abs(x))
+        for offset in (h, -h, h / 2, -h / 2):
+            moved = base[i].copy()
+            moved[element] = x + offset
+            values = float64_values(network, oracle, {i: moved})
+            after = branches(network, values)
+            if any(not np.array_equal(taken[k], after[k]) for k in taken):
+                return "difference quotient crosses a maximum/step kink"
+            with np.errstate(invalid="ignore"):
+                if not all(np.isfinite(values[j]).all() for j in closure):
+                    return "difference quotient leaves the function's domain (inf or NaN)"
+    return None
+
+
+def _between(network, i: int, target: int) -> list[int]:
+    """The float nodes on a path from node ``i`` to ``target``, ``i`` excluded."""
+    path = set(ancestors(network, target))
+    reached, between = {i}, []
+    for node in network.nodes()[i + 1: target + 1]:
+        if node.index in path and any(s.index in reached for s in node.operands):
+            reached.add(node.index)
+            if is_element(node.dtype):
+                between.append(node.index)
+    return between
+
+
+def _quotient(network, oracle, target: int, i: int, base, element: tuple, h: float) -> float:
+    """(f(x + h) - f(x - h)) / (the distance between the rounded points), on the float64 replay."""
+    x = float(base[element])
+    plus, minus = base.copy(), base.copy()
+    plus[element], minus[element] = x + h, x - h
+    up = float(float64_values(network, oracle, {i: plus})[target])
+    down = float(float64_values(network, oracle, {i: minus})[target])
+    return (up - down) / ((x + h) - (x - h))
+
+
+# Steps from coarse to fine around check_gradients' 2^-10: a quotient too coarse for a function that
+# turns on a scale far below h = step * max(1, |x|) (cos of a value near 5000, 1/x near x = 0.09)
+# settles at a finer step; one lost in roundoff settles at a coarser one.
+STEPS = (2.0**-6, 2.0**-10, 2.0**-14, 2.0**-18, 2.0**-22, 2.0**-26)
+
+
+def _judged_by_element(network, oracle, built, entry, tolerance: float) -> str | None:
+    """Grade a failing entry element by element where finite differences can: why it is set aside, or None.
+
+    At each element, Richardson values ``R(h) = (4 q(h/2) - q(h)) / 3`` are taken at the STEPS from
+    coarse to fine, and the element is judged at the first two consecutive steps whose values agree
+    to ``sqrt(tolerance)``: there the quotient has converged. The judged value must match the
+    derivative rules within ``tolerance`` norm-wise (as check_gradients measures), with roundoff as
+    slack: the quotient's, about ``16 eps M / h`` (``M`` the largest magnitude among the nodes
+    between the parameter and the loss: they round what the step changes), and the rule's own,
+    ``8 eps`` times the largest term summed into the cotangent (x / x at x = 1e-40 adds -1e40 and
+    1e40 to a gradient of 1, and the 1 is lost: no rule is wrong, the sum cancels). Elements with
+    no converged pair cannot be judged by a float64 quotient at all (the function turns faster
+    than any step can follow, cos near 1e30). Returns None when a judged element disagrees.
+    """
+    values = float64_values(network, oracle)
+    target, i = built.loss.index, entry.symbol.index
+    magnitude = max((float(np.max(np.abs(values[j]), initial=0.0)) for j in _between(network, i, target)),
+                    default=0.0)
+    terms: dict = {}
+    rule = float64_gradients(network, values, target, [i], terms)[i]
+    base = values[i]
+    judged: list[tuple[float, float, float]] = []  # (rule, converged quotient, roundoff of both)
+    unjudged = 0
+    for element in np.ndindex(*base.shape):
+        x = float(base[element])
+        previous = None
+        for step in STEPS:
+            h = step * max(1.0, abs(x))
+            coarse = _quotient(network, oracle, target, i, base, element, h)
+            fine = _quotient(network, oracle, target, i, base, element, h / 2)
+            value, noise = (4.0 * fine - coarse) / 3.0, 16 * 2.0**-52 * magnitude / h
+            if previous is not None and abs(previous - value) <= math.sqrt(tolerance) * max(abs(previous), abs(value)):
+                # the rule's own roundoff: its cotangent is a sum of terms as large as terms[i]
+                judged.append((float(rule[element]), value, noise + 8 * 2.0**-52 * float(terms[i][element])))
+                break
+            previous = value
+        else:
+            unjudged += 1
+    scale = max([float(np.max(np.abs(rule), initial=0.0))] + [abs(q) for _, q, _ in judged])
+    if any(abs(q - g) > tolerance * scale + 2 * noise for g, q, noise in judged):
+        return None
+    if unjudged:
+        return "elements no float64 difference quotient can judge"
+    if any(abs(q - g) > tolerance * scale for g, q, _ in judged):
+        return "gradient below the resolution of the quotient or of the rule's own sum"
+    return "truncation or roundoff of step 2^-10 (the elements agree at another step)"
+
+
+def _passes(report, entry, float64: bool) -> bool:
+    return report.passed(entry) if float64 else entry.rule_error <= report.rule_tolerance
+
+
+LOGSUMEXP_RULE = Known(
+    "logsumexp-rule-large-magnitude",
+    "logsumexp's derivative rule weighs each element by exp(x - out), but out = max + log S rounds at "
+    "the magnitude of max: once ulp(max) exceeds log S the weights no longer sum to 1 "
+    "(d/dw logsumexp([1e30, 1e30]) = [1, 1], not [0.5, 0.5]; float32 from |x| near 2^24)",
+    "topos/opcodes/stable.py: LogSumExp.rule can weigh by x.log_softmax(axis).exp(), which keeps log S")
+
+
+def _logsumexp_weights_off(network, oracle, tolerance: float) -> bool:
+    """Whether some logsumexp of the float64 replay has rule weights exp(x - out) that do not sum to 1."""
+    values = float64_values(network, oracle)
+    for node in network.nodes():
+        if node.opcode.name == "logsumexp":
+            axis = node.attributes["axis"]
+            x, out = values[node.operands[0].index], values[node.index]
+            with np.errstate(all="ignore"):
+                total = np.exp(x - np.expand_dims(out, axis)).sum(axis=axis)
+            if np.any(np.abs(total - 1.0) > tolerance):
+                return True
+    return False
+
+
+def check_finite_differences(network, built, oracle, tally: Tally) -> None:
+    graph = built.graph
+    closure = ancestors(network, built.loss.index)
+    with np.errstate(all="ignore"):
+        finite = all(np.isfinite(np.asarray(oracle[network.symbol(j)]).astype(np.float64)).all()
+                     for j in closure if is_element(network.nodes()[j].dtype))
+    if not finite:
+        tally.set_aside["4 finite differences", "graph has inf or NaN (graphs)"] += 1
+        event("check 4: skipped, inf or NaN")
+        return
+    parameters = network.parameters()
+    report = topos.check_gradients(network, parameters, built.feeds, built.loss)
+    float64 = graph.dtype == "f64"
+    for entry in report.entries:
+        tally.checks["4 finite differences (parameters)"] += 1
+        if _passes(report, entry, float64):
+            if not float64:  # the element type's own rounding, where the quotients are meaningful
+                worst = tally.worst_own_error.get(graph.dtype, 0.0)
+                tally.worst_own_error[graph.dtype] = max(worst, entry.error)
+                tally.own_error_over_tolerance[graph.dtype] += entry.error > report.tolerance
+            continue
+        reason = _quotient_hazard(network, oracle, built, entry, report.step)
+        if reason is None and _logsumexp_weights_off(network, oracle, report.rule_tolerance):
+            reason = f"known divergence {LOGSUMEXP_RULE.name}"
+        if reason is None:
+            reason = _judged_by_element(network, oracle, built, entry, report.rule_tolerance)
+        if reason is None:
+            raise AssertionError(f"check 4: finite differences disagree with the derivative rules\n"
+                                 f"{to_python(graph)}\n{report}")
+        tally.set_aside["4 finite differences", reason + " (parameters)"] += 1
+        event(f"check 4: set aside, {reason}")
+
+
+def check_host(graph: Graph, tally: Tally) -> None:
+    """Checks 1, 2 and 4 on one graph."""
+    network, built = record_alone(graph)
+    tally.seen(graph, network)
+    event(f"{graph.dtype} {graph.mode}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # inf and NaN are data here
+        oracle = network.forward(network.parameters(), built.feeds)
+        check_exact_plan(network, built, oracle, tally)
+        check_recorded_gradients(network, built, oracle, tally)
+        check_finite_differences(network, built, oracle, tally)
+
+
+# ---- check 3: IREE on llvm-cpu, node by node by local error ----------------------------------------------
+
+
+UNIT_SLICE_RESHAPE = Known(
+    "iree-unit-slice-reshape",
+    "iree-compile refuses a one-element slice reshaped to rank >= 2 whose value is both returned and "
+    "read by an elementwise op ('expected rank to be smaller or equal to the other rank')",
+    "IREE (3.13.0); in topos, dialect/lowering.py could emit such a reshape as broadcast_in_dim")
+SPLAT_REDUCTION = Known(
+    "iree-splat-reduction",
+    "a sum over a splat computed from constants (negate, exp or gather of a lifted number, a seed, a "
+    "zero gradient) adds one element per vector instead of every element: sum(-broadcast(1, [3])) = -1",
+    "IREE (3.13.0) codegen; in topos, constant-folding leaf-only subgraphs before lowering avoids it")
+GATHER_FUSION = Known(
+    "iree-gather-producer-fusion",
+    "an elementwise value that a gather reads and that is also returned (or read by another op) is "
+    "written only at the rows the gather selects; its other rows are left uninitialised",
+    "IREE (3.13.0) dispatch creation (producer fused into the gather while still used elsewhere)")
+SIN_COS_LARGE_ARGUMENT = Known(
+    "iree-sin-cos-large-argument",
+    "float32 and bfloat16 sin and cos on llvm-cpu lose the range reduction from |x| of about 5e7 on: "
+    "the results leave [-1, 1] (sin(1e10) = -6e21, sin(1e20) = -inf; the oracle gives -0.488, 0.657)",
+    "IREE (3.13.0) math approximation of sin/cos; in topos, dialect/lowering.py could reduce the "
+    "argument (or compute float32 sin/cos in float64) before IREE sees it")
+SIN_NEGATIVE_ZERO = Known(
+    "iree-sin-negative-zero",
+    "float32 and bfloat16 sin(-0) returns +0 on llvm-cpu (C99 and the oracle: -0); the sin node "
+    "itself passes, because conformance.compare reads +0 == -0 outside bit-exact envelopes, so the "
+    "bit-exact node that multiplies or adds the zero next is the one flagged",
+    "IREE (3.13.0) sin approximation; dialect/conformance.py could compare the sign of zero")
+F64_ERF_SIGN = Known(
+    "iree-f64-erf-sign",
+    "a float64 erf returned beside its negation, the negation's negation and exp(-x * x) (what "
+    "erf's derivative reads) comes back with its sign flipped, erf(-0.7448) = +0.7078; the "
+    "negation returned beside it is right, and is flagged only because it is judged on that value",
+    "IREE (3.13.0): the module is four lines of StableHLO (see docs/reliability.md)")
+F64_CONST_EVAL_LIBM = Known(
+    "iree-f64-const-eval-libm",
+    "float64 sin, cos or tanh of a constant fails to compile: IREE's constant evaluation links its JIT "
+    "dispatch with the embedded linker, which has no libm ('undefined symbol: sin'; the diagnostic "
+    "only says 'failed to link executable')",
+    "IREE (3.13.0); in topos, dialect/targets.py can add --iree-opt-const-eval=false to llvm-cpu's "
+    "float64 flags (measured: the module then compiles)")
+ONE_ELEMENT_IN_PLACE_ADD = Known(
+    "plan-one-element-in-place-add",
+    "the EXACT plan's elementwise chain adds in place (np.add(a, b, out=a)); on one-element operands "
+    "(shape (), (1,), (1, 1), ...) NumPy 2.4 runs that as a reduction, and NaN + NaN returns b's NaN "
+    "where the oracle's np.add(a, b) returns a's",
+    "topos/plan/patterns/elementwise.py: no in-place add on one-element values (it saves nothing there)")
+KNOWN = (LOGSUMEXP_RULE, UNIT_SLICE_RESHAPE, SPLAT_REDUCTION, GATHER_FUSION, SIN_COS_LARGE_ARGUMENT, SIN_NEGATIVE_ZERO,
+         F64_ERF_SIGN, F64_CONST_EVAL_LIBM, ONE_ELEMENT_IN_PLACE_ADD)
+LARGE_ARGUMENT = 2.0**24  # below it, IREE's float32 sin and cos measured within their envelope
+
+_NODE_IN_DIAGNOSTIC = re.compile(r"\(node %(\d+) (\w+)\)")
+
+
+def _refused(network, error: Exception) -> tuple[Known, list[int]] | None:
+    """Which known divergence made IREE refuse the module, and the nodes that trigger it."""
+    text = str(error)
+    if "expected rank to be smaller or equal to the other rank" in text:
+        match = _NODE_IN_DIAGNOSTIC.search(text)
+        node = network.nodes()[int(match[1])] if match else None
+        if node is not None and node.opcode.name in ("unfold", "reshape") and math.prod(node.shape) == 1 \
+                and len(node.shape) >= 2:
+            return UNIT_SLICE_RESHAPE, [node.index]
+    # lld prints "undefined symbol: sin" to stderr; the diagnostic IREE returns only says the link failed
+    if "failed to link executable" in text:
+        triggers = [n.index for n in network.nodes() if n.opcode.name == "map" and n.dtype == topos.float64
+                    and n.attributes["function"] in ("sin", "cos", "tanh") and _constant(network, n.index)]
+        if triggers:
+            return F64_CONST_EVAL_LIBM, triggers
+    return None
+
+
+def _constant(network, i: int) -> bool:
+    """Whether node ``i`` is a function of constants: every float source it reads is a leaf.
+
+    Selections do not count: a gather from a splat table is a splat whichever rows it picks.
+    """
+    nodes = network.nodes()
+    return all(nodes[j].opcode.name == "leaf" for j in ancestors(network, i)
+               if nodes[j].is_source and is_element(nodes[j].dtype))
+
+
+def _known_outside(network, i: int, compiled: dict, oracle) -> Known | None:
+    """Which known divergence explains node ``i`` leaving its envelope, if one does."""
+    from topos.dialect.conformance import deviation
+
+    nodes = network.nodes()
+    node = nodes[i]
+    name = node.opcode.name
+    if name in ("sum", "sum_along") and _constant(network, i):
+        operand = np.asarray(oracle[node.operands[0]]).astype(np.float64)
+        axis = None if name == "sum" else node.attributes["axis"]
+        first = operand.reshape(-1)[0] if axis is None else np.take(operand, [0], axis=axis)
+        if np.array_equal(operand, np.broadcast_to(first, operand.shape)):
+            return SPLAT_REDUCTION
+    if name == "map" and node.attributes["function"] in ("sin", "cos") and node.dtype != topos.float64:
+        (j,) = (s.index for s in node.operands)
+        x = np.asarray(compiled[j] if j in compiled else oracle[node.operands[0]])
+        small = np.abs(x.astype(np.float64)) < LARGE_ARGUMENT
+        if not small.all() and deviation(name, dict(node.attributes), np.asarray(compiled[i])[small],
+                                         [x[small]]).ok:
+            return SIN_COS_LARGE_ARGUMENT
+    if _erf_sign_flipped(network, i, compiled, oracle):
+        return F64_ERF_SIGN
+    if name == "neg" and _erf_sign_flipped(network, node.operands[0].index, compiled, oracle) and \
+            _bits(compiled[i]) == _bits(compiled[node.operands[0].index]):  # -erf, right beside the flipped erf
+        return F64_ERF_SIGN
+    if _only_zero_signs_differ(network, i, compiled, oracle) and any(
+            nodes[j].opcode.name == "map" and nodes[j].attributes["function"] == "sin"
+            and nodes[j].dtype != topos.float64 and np.signbit(np.asarray(oracle[nodes[j].symbol])).any()
+            and (np.asarray(oracle[nodes[j].symbol]) == 0).any() for j in ancestors(network, i)):
+        return SIN_NEGATIVE_ZERO
+    readers = [n for n in network.nodes() if n.opcode.name == "gather" and n.operands[0].index == i]
+    if readers and not node.is_source:
+        selected = set()
+        for reader in readers:
+            selected.update(int(k) for k in np.asarray(oracle[reader.operands[1]]).reshape(-1))
+        got, want = np.asarray(compiled[i]).astype(np.float64), _local_reference(node, compiled, oracle)
+        rows = {int(r) for r in np.argwhere(_bits_differ(got, want).reshape(got.shape[:1] + (-1,)))[:, 0]}
+        if rows and not rows & selected:
+            return GATHER_FUSION
+    return None
+
+
+def _erf_sign_flipped(network, i: int, compiled: dict, oracle) -> bool:
+    """Whether node ``i`` is a float64 erf whose compiled value is its reference with the sign flipped."""
+    from topos.dialect.conformance import deviation
+
+    node = network.nodes()[i]
+    if node.opcode.name != "map" or node.attributes["function"] != "erf" or node.dtype != topos.float64:
+        return False
+    (operand,) = node.operands
+    x = compiled[operand.index] if operand.index in compiled else np.asarray(oracle[operand])
+    return deviation("map", dict(node.attributes), -np.asarray(compiled[i]), [x]).ok
+
+
+def _only_zero_signs_differ(network, i: int, compiled: dict, oracle) -> bool:
+    """Whether node ``i``'s compiled value differs from its local reference only in signs of zero."""
+    node = network.nodes()[i]
+    want, got = _local_reference(node, compiled, oracle), np.asarray(compiled[i]).astype(np.float64)
+    differ = _bits_differ(got, want)
+    return bool(differ.any()) and bool(((got == 0) & (want == 0))[differ].all())
+
+
+def _local_reference(node, compiled: dict, oracle) -> np.ndarray:
+    """The node's reference kernel on its compiled operands (sources as fed), in float64."""
+    operands = [compiled[s.index] if s.index in compiled else np.asarray(oracle[s]) for s in node.operands]
+    with np.errstate(all="ignore"):
+        return np.asarray(node.opcode.kernel(*operands, **dict(node.attributes))).astype(np.float64)
+
+
+def _bits_differ(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    same = (got == want) & (np.signbit(got) == np.signbit(want))
+    return ~(same | (np.isnan(got) & np.isnan(want)))
+
+
+def _compiled_values(network, entry, parameters, feeds) -> dict:
+    """Every computed node's compiled value, compiled exactly as bisect compiles it (a cache hit)."""
+    closure = sorted(entry.closure())
+    observed = [network.symbol(i) for i in closure if not network.nodes()[i].is_source
+                and is_element(network.nodes()[i].dtype)]
+    compiled = network.entry(list(entry.roots), observe=observed, numerics=Numerics.FAST).lower()
+    run = compiled.compile("llvm-cpu").forward(parameters, feeds)
+    return {s.index: np.asarray(run[s]) for s in observed}
+
+
+def check_compiled(batch: list[Graph], tally: Tally) -> None:
+    """Check 3 on a batch of graphs recorded into one network: one compile, every node judged."""
+    from topos.dialect.compiled import CompileError
+
+    batch = [g for g in batch if HAS_LINKER or g.dtype != "f64"]
+    while batch:
+        network, builts = record_together(batch)
+        starts = [min(s.index for s in b.pool) for b in builts]
+        entry = network.entry([r for b in builts for r in b.roots()], observe=[o for b in builts for o in b.observes])
+        parameters = network.parameters()
+        feeds = {k: v for b in builts for k, v in b.feeds.items()}
+        try:
+            report = topos.bisect(entry, parameters, feeds)
+        except CompileError as error:
+            refused = _refused(network, error)
+            if refused is None:
+                raise AssertionError(f"check 3: IREE refused the batch\n{error}\n\n"
+                                     + "\n\n".join(to_python(g) for g in batch)) from None
+            known, triggers = refused
+            owners = {max(k for k, start in enumerate(starts) if start <= i) for i in triggers}
+            tally.set_aside["3 IREE local error", f"{known.name} (graphs)"] += len(owners)
+            event(f"check 3: set aside, {known.name}")
+            batch = [g for k, g in enumerate(batch) if k not in owners]
+            continue
+        break
+    else:
+        return
+    for graph in batch:
+        tally.seen(graph, record_alone(graph)[0])
+    tally.checks["3 IREE local error (graphs)"] += len(batch)
+    tally.checks["3 IREE local error (nodes)"] += report.checked
+    tally.checks["3 IREE compiles"] += 1
+    if report.ok:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        oracle = network.forward(parameters, feeds)
+    compiled = _compiled_values(network, entry, parameters, feeds)
+    unexplained = []
+    for i in report.outside:
+        known = _known_outside(network, i, compiled, oracle)
+        if known is None:
+            unexplained.append(i)
+        else:
+            tally.set_aside["3 IREE local error", f"{known.name} (nodes)"] += 1
+            event(f"check 3: known divergence {known.name}")
+    if unexplained:
+        owners = sorted({max(k for k, start in enumerate(starts) if start <= i) for i in unexplained})
+        raise AssertionError(
+            f"check 3: nodes {unexplained} leave their IREE envelope (local error)\n{report}\n\n"
+            + "\n\n".join(to_python(batch[k]) for k in owners))
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """Compiles of this module go to a fresh folder: nothing comes from, or lands in, the user's cache."""
+    folder = tmp_path_factory.mktemp("topos-fuzz-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOPOS_CACHE_DIR", str(folder))
+        yield folder
+
+
+# ---- the runs -----------------------------------------------------------------------------------------
+
+
+def _fuzz_host(examples: int) -> Tally:
+    tally = Tally()
+
+    @settings(max_examples=examples, **SETTINGS)
+    @given(graphs())
+    def run(graph):
+        check_host(graph, tally)
+
+    run()
+    return tally
+
+
+def _fuzz_iree(batches: int) -> Tally:
+    tally = Tally()
+
+    @settings(max_examples=batches, **SETTINGS)
+    @given(st.lists(graphs(), min_size=BATCH, max_size=BATCH))
+    def run(batch):
+        check_compiled(batch, tally)
+
+    run()
+    return tally
+
+
+def test_random_graphs_agree_on_the_host_exact_plan_recorded_gradients_and_finite_differences():
+    tally = _fuzz_host(HOST_GRAPHS)
+    print("\n" + tally.summary("checks 1, 2, 4"))
+    _covers_vocabulary(tally)
+    assert tally.checks["1 exact plan == oracle (graphs)"] == sum(tally.graphs.values())
+    assert tally.checks["4 finite differences (parameters)"] > HOST_GRAPHS // 2
+
+
+def test_random_graphs_compiled_by_iree_stay_within_each_nodes_envelope(compile_cache):
+    pytest.importorskip("iree.compiler")
+    pytest.importorskip("iree.runtime")
+    tally = _fuzz_iree(IREE_BATCHES)
+    print("\n" + tally.summary("check 3"))
+    assert tally.checks["3 IREE compiles"] >= IREE_BATCHES // 2
+
+
+@pytest.mark.slow
+def test_ten_thousand_random_graphs_agree_on_the_host():
+    tally = _fuzz_host(SLOW_HOST_GRAPHS)
+    print("\n" + tally.summary("checks 1, 2, 4 (slow)"))
+    _covers_vocabulary(tally)
+
+
+@pytest.mark.slow
+def test_a_thousand_random_graphs_compiled_by_iree_stay_within_each_nodes_envelope(compile_cache):
+    pytest.importorskip("iree.compiler")
+    pytest.importorskip("iree.runtime")
+    tally = _fuzz_iree(SLOW_IREE_BATCHES)
+    print("\n" + tally.summary("check 3 (slow)"))
+    _covers_vocabulary(tally)
+
+
+# ---- the known divergences, reproduced (strict xfail: a fix makes these pass, and then fail) ------------
+
+
+@pytest.mark.xfail(strict=True, raises=topos.ToposError, reason=UNIT_SLICE_RESHAPE.what)  # CompileError
+def test_known_divergence_iree_unit_slice_reshape_compiles(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.input(np.array([1.0, 2.0], np.float32))
+        window = x.narrow(0, 0, 1).reshape((1, 1))  # or x.unfold(0, 1, 2): a [1, 1] slice
+        return window, -window
+
+    network, (window, negated) = Tape.record(model)
+    compiled = network.entry([negated], observe=[window]).lower().compile("llvm-cpu")  # raises CompileError
+    assert _bits(compiled.forward(network.parameters())[negated]) == _bits(
+        network.forward(network.parameters())[negated])
+
+
+@pytest.mark.skipif(not HAS_LINKER, reason="float64 on llvm-cpu links a system shared object: no ld or cc")
+@pytest.mark.xfail(strict=True, raises=topos.ToposError, reason=F64_CONST_EVAL_LIBM.what)  # CompileError
+def test_known_divergence_iree_f64_const_eval_libm_compiles(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        return tape.leaf(np.array([0.5, 2.0])).sin()  # float64: sin of a constant
+
+    network, out = Tape.record(model)
+    compiled = network.entry([out]).lower().compile("llvm-cpu")  # raises CompileError
+    np.testing.assert_allclose(compiled.forward(network.parameters())[out],
+                               network.forward(network.parameters())[out], rtol=1e-15)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ONE_ELEMENT_IN_PLACE_ADD.what)
+def test_known_divergence_plan_one_element_in_place_add_keeps_the_oracles_nan():
+    def model(tape):
+        a = tape.input(np.array(np.nan))  # +NaN
+        b = tape.input(np.array(np.copysign(np.nan, -1.0)))  # -NaN
+        return (a + a) + b  # one elementwise chain; its second add runs in place
+
+    network, out = Tape.record(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        planned = network.entry([out], numerics=Numerics.EXACT).lower().forward(network.parameters())[out]
+        want = network.forward(network.parameters())[out]
+    assert _bits(planned) == _bits(want), f"plan {planned.tobytes().hex()}, oracle {want.tobytes().hex()}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SPLAT_REDUCTION.what)
+def test_known_divergence_iree_splat_reduction_sums_every_element(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        w = tape.parameter(np.zeros(2, np.float32))
+        x = tape.input(np.ones((2, 3), np.float32))
+        loss = (x - w.broadcast_along(1, 3)).sum()  # d loss / d w = -sum_along(broadcast(1)) = -3
+        return w, tape.differentiate(loss, [w])
+
+    network, (w, adjoints) = Tape.record(model)
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu")
+    got = compiled.forward(network.parameters())[adjoints[w]]
+    want = network.forward(network.parameters())[adjoints[w]]
+    assert np.array_equal(got, want), f"compiled {got}, oracle {want}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GATHER_FUSION.what)
+def test_known_divergence_iree_gather_producer_fusion_writes_every_row(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        w = tape.parameter(np.array([0.5, 3.0], np.float32))
+        table = -w
+        rows = table.gather(tape.leaf(topos.selection([0, 0], 2)))  # reads row 0 only
+        return rows, table.exp()  # a second reader of the table
+
+    network, (rows, other) = Tape.record(model)
+    compiled = network.entry([rows, other]).lower().compile("llvm-cpu")
+    got = compiled.forward(network.parameters())[other]
+    want = network.forward(network.parameters())[other]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SIN_COS_LARGE_ARGUMENT.what)
+def test_known_divergence_iree_sin_cos_large_argument_stays_in_range(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        return tape.input(np.array([1e10, 1e20], np.float32)).sin()
+
+    network, out = Tape.record(model)
+    got = network.entry([out]).lower().compile("llvm-cpu").forward(network.parameters())[out]
+    assert np.all(np.abs(got) <= 1.0), f"compiled sin {got}, oracle {network.forward(network.parameters())[out]}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SIN_NEGATIVE_ZERO.what)
+def test_known_divergence_iree_sin_of_negative_zero_is_negative_zero(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        return tape.input(np.array([-0.0], np.float32)).sin()
+
+    network, out = Tape.record(model)
+    got = network.entry([out]).lower().compile("llvm-cpu").forward(network.parameters())[out]
+    assert np.signbit(got).all(), f"compiled sin(-0) = {got}"
+
+
+@pytest.mark.skipif(not HAS_LINKER, reason="float64 on llvm-cpu links a system shared object: no ld or cc")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=F64_ERF_SIGN.what)
+def test_known_divergence_iree_f64_erf_keeps_its_sign(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array(-0.7448))
+        value = x.erf()
+        negated = -value
+        return value, negated, -negated, x.erf_derivative()
+
+    network, (value, negated, twice, derivative) = Tape.record(model)
+    run = network.entry([twice, derivative], observe=[value, negated]).lower().compile("llvm-cpu").forward(
+        network.parameters())
+    assert float(run[value]) < 0, f"compiled erf(-0.7448) = {float(run[value])}"
+
+
+def test_check_4_catches_a_wrong_derivative_rule(monkeypatch):
+    """Check 4 is not vacuous: a sin rule off by 0.1% fails it (and is not set aside as an artefact)."""
+    from topos.opcodes import elementwise
+
+    wrong = elementwise.MapFunction(elementwise.refmath.sin, lambda x, out, g: g * x.cos() * 1.001,
+                                    frozenset({0}))
+    monkeypatch.setitem(elementwise.MAP_FUNCTIONS, "sin", wrong)
+    graph = Graph("f64", "tame", (Op("parameter", (np.array([0.3, -1.2, 2.0]),)), Op("map", (Ref(0), "sin")),
+                                  Op("sum", (Ref(1),))), loss=2, wrt=(0,))
+    with pytest.raises(AssertionError, match="check 4"):
+        check_host(graph, Tally())
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LOGSUMEXP_RULE.what)
+def test_known_divergence_logsumexp_rule_weights_sum_to_one_at_large_magnitude():
+    def model(tape):
+        w = tape.parameter(np.array([1e30, 1e30]))
+        return w, tape.differentiate(w.logsumexp(0), [w])
+
+    network, (w, adjoints) = Tape.record(model)
+    gradient = network.forward(network.parameters())[adjoints[w]]
+    np.testing.assert_allclose(gradient, [0.5, 0.5])  # softmax([1e30, 1e30])
