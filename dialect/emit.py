@@ -10,8 +10,9 @@ of ``network.describe()`` and back (``dialect/parse.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import func
 
@@ -57,11 +58,15 @@ def emit_module(
     observes: Symbol | Iterable[Symbol] = (),
     *,
     context: ir.Context | None = None,
+    constants: Mapping[int, np.ndarray] | None = None,
 ) -> ir.Module:
     """The ancestor closure of ``roots`` and ``observes`` as a topos-dialect module.
 
     Pass ``context`` to build in a context you already use (for example an
     IREE compiler session's); it is configured for topos IR first.
+    ``constants`` (node index -> value) emits those nodes as leaves holding
+    the value: the path to StableHLO folds constant subgraphs this way
+    (``Plan.folded_constants``); the module is then no longer the spec.
     """
     roots, observes = _symbols(roots), _symbols(observes)
     if not roots and not observes:
@@ -104,6 +109,10 @@ def emit_module(
         values: dict[int, ir.Value] = {}
         with ir.InsertionPoint(block):
             for node in chosen:
+                if constants and node.index in constants:
+                    location = node_location(node.index, node.opcode.name, node.site)
+                    values[node.index] = LeafOp(constants[node.index], node=node.index, loc=location).result
+                    continue
                 values[node.index] = _emit_node(network, node, values, arguments, type_of(node))
             func.ReturnOp([values[s.index] for s in wanted])
     return module

@@ -152,8 +152,14 @@ def _widened(x: ir.Value) -> ir.Value:
 
 
 def _reshape(x: ir.Value, shape: Sequence[int]) -> ir.Value:
-    if _shape(x) == tuple(shape):
+    source, shape = _shape(x), tuple(shape)
+    if source == shape:
         return x
+    if math.prod(shape) == 1 and len(shape) > len(source):
+        # One element to more axes is a broadcast_in_dim: IREE 3.13 refuses some such reshapes
+        # of a one-element slice ('expected rank to be smaller or equal to the other rank').
+        offset = len(shape) - len(source)
+        return _broadcast_in_dim(x, shape, list(range(offset, len(shape))))
     return _one("stablehlo.reshape", [x], _tensor(shape, _element(x)))
 
 
@@ -479,7 +485,7 @@ def _broadcast_along(node: _Node) -> ir.Value:
 
 def _reshape_rule(node: _Node) -> ir.Value:
     (x,) = node.operands
-    return _one("stablehlo.reshape", [x], node.type)
+    return _reshape(x, node.shape)
 
 
 def _permute(node: _Node) -> ir.Value:

@@ -56,7 +56,7 @@ class LogSumExp(Opcode):
     name = "logsumexp"
     arity = 1
     attribute_names = ("axis",)
-    READS = frozenset({0, OUTPUT})
+    READS = frozenset({0})
 
     def infer(self, x: Spec, axis) -> Spec:
         element_operand(x)
@@ -68,5 +68,8 @@ class LogSumExp(Opcode):
         return round_to(np.squeeze(peak, axis) + _log_of_sum_exp(shifted, axis), x.dtype)
 
     def rule(self, x, out, g, axis):
+        # The weights are softmax(x), spelled exp(log_softmax(x)) rather than exp(x - out): at
+        # large magnitudes out = max + log(sum) loses the log to rounding, and exp(x - out)
+        # would no longer sum to 1 (logsumexp([1e30, 1e30]) has gradient [0.5, 0.5], not [1, 1]).
         extent = x.shape[axis]
-        return (g.broadcast_along(axis, extent) * (x - out.broadcast_along(axis, extent)).exp(),)
+        return (g.broadcast_along(axis, extent) * x.log_softmax(axis).exp(),)

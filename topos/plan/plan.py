@@ -173,6 +173,30 @@ class Plan:
         roots, observes = self._declared()
         return emit_text(self.network, roots, observes, debug_info=debug_info)
 
+    def folded_constants(self) -> dict[int, np.ndarray]:
+        """The oracle's values of the reductions that read only leaves, which emission folds.
+
+        A sum (or matmul, scatter, logsumexp, ...) whose inputs derive from
+        constants alone, such as the seed of a gradient or a lifted number,
+        is computed here with the reference kernels and emitted as a leaf:
+        its bits are the oracle's, and IREE 3.13 sums a splat of constants
+        wrongly (docs/reliability.md, iree-splat-reduction).
+        """
+        network = self.network
+        constant: dict[int, bool] = {}
+        for n in self.schedule:
+            opcode = network._opcodes[n]
+            constant[n] = opcode.name == "leaf" or (
+                not opcode.is_source and all(constant.get(j, False) for j in network._operands[n]))
+        folded = [n for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED]
+        if not folded:
+            return {}
+        from ..interpret import evaluate
+
+        needed = sorted(n for n in self.schedule if constant[n] and n <= max(folded))
+        values = evaluate(network, needed, {}, {})
+        return {n: values[n] for n in folded}
+
     def emit_stablehlo(self, debug_info: bool = False) -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
 
@@ -192,7 +216,7 @@ class Plan:
         load_pass_modules()
         roots, observes = self._declared()
         started = time.perf_counter()
-        module = emit_module(self.network, roots, observes)
+        module = emit_module(self.network, roots, observes, constants=self.folded_constants())
         emitted = time.perf_counter()
         # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
         run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
@@ -206,6 +230,10 @@ class Plan:
         from ..dialect.compiled import compile_plan
 
         return compile_plan(self, target, driver, **options)
+
+
+# Reductions of constants are computed on the host (see Plan.folded_constants).
+_FOLDED = frozenset({"sum", "sum_along", "matmul", "scatter", "fold", "logsumexp", "log_softmax"})
 
 
 def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics,

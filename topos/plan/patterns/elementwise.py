@@ -7,6 +7,8 @@ one, so the interior temporaries never exist. The bits cannot change.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...element import float32, float64
@@ -56,6 +58,7 @@ class ElementwiseChain(Pattern):
             view.opcode(n) in _IN_PLACE
             and dtype in (float32, float64)
             and previous in view.operands(n)
+            and math.prod(view.spec(n).shape) > 1
         )
 
     def execute(self, candidate: Candidate, value, network, kernel_of):
@@ -67,7 +70,9 @@ class ElementwiseChain(Pattern):
             arrays = [buffers[j] if j in buffers else value(j) for j in operands]
             ufunc = _IN_PLACE.get(opcode.name)
             spec = network._specs[n]
-            if owned is not None and ufunc is not None and spec.dtype in (float32, float64) and any(
+            # Not on one element: NumPy runs a one-element np.add(a, b, out=a) as a reduction, and
+            # NaN + NaN then keeps b's NaN where np.add(a, b) keeps a's (and it saves nothing there).
+            if owned is not None and ufunc is not None and spec.dtype in (float32, float64) and owned.size > 1 and any(
                 a is owned for a in arrays
             ):
                 ufunc(*arrays, out=owned)
