@@ -16,8 +16,10 @@ install: $(VENV)/installed
 demo: install
 	$(PY) examples/walkthrough.py
 
+# One worker process per core, each test file on one worker (module fixtures and
+# compile caches stay shared within a file); plain pytest runs serially.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check topos dialect

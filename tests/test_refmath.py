@@ -48,21 +48,25 @@ BOUNDS = {
     "pow":            (1.0,    0.501,   0.501),
 }  # fmt: skip
 
-# 100,000 points per function for float32/float64 and every finite bfloat16
-# in the domain; the whole sweep takes about 45 s on one core.
-SWEEP_POINTS = 100_000
+# float32/float64 get 20,000 points per function in the default run and the
+# 100,000 that docs/refmath.md's table measured in the slow run; bfloat16 is
+# always every finite value in the domain (the sample ignores the count).
+SWEEP_POINTS, FULL_SWEEP_POINTS = 20_000, 100_000
+SWEEPS = [pytest.param(name, dtype, SWEEP_POINTS, id=f"{name}-{dtype}") for name in refmath.SUPPORTED
+          for dtype in DTYPES]
+SWEEPS += [pytest.param(name, dtype, FULL_SWEEP_POINTS, id=f"{name}-{dtype}-full", marks=pytest.mark.slow)
+           for name in refmath.SUPPORTED for dtype in (F64, F32)]
 
 
 def test_bounds_table_covers_every_supported_function():
     assert tuple(BOUNDS) == refmath.SUPPORTED
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", refmath.SUPPORTED)
-def test_worst_ulp_error_within_bound(name, dtype):
+@pytest.mark.parametrize(("name", "dtype", "points"), SWEEPS)
+def test_worst_ulp_error_within_bound(name, dtype, points):
     bound = BOUNDS[name][DTYPES.index(dtype)]
-    worst, where, count = _ulp.worst_error(name, dtype, SWEEP_POINTS)
-    assert count >= min(SWEEP_POINTS, 30_000) * 0.99
+    worst, where, count = _ulp.worst_error(name, dtype, points)
+    assert count >= min(points, 30_000) * 0.99
     assert worst <= bound, f"{name}[{dtype}] is {worst:.4f} ulp off at {where!r} (bound {bound})"
 
 
@@ -306,9 +310,11 @@ def _assert_bfloat16_rounding(values) -> None:
     assert bad.size == 0, f"{x[bad[0]]!r}: got {got[bad[0]]:#06x}, want {want[bad[0]]:#06x}"
 
 
-def test_mldtypes_cast_rounds_twice_so_round_once_does_it_directly():
+def test_round_once_does_not_depend_on_how_mldtypes_casts():
     x = np.array([1.0 + 2.0**-8 + 2.0**-30])  # just above the midpoint of 1 and 1 + 2**-7
-    assert x.astype(BF16).astype(np.float64)[0] == 1.0  # via float32: 1 + 2**-8, then ties to even
+    # ml_dtypes 0.6.0 casts via float32 (1 + 2**-8, then ties to even: 1.0); other releases
+    # round once. Either way round_once must give the one correctly rounded answer.
+    assert x.astype(BF16).astype(np.float64)[0] in (1.0, 1.0 + 2.0**-7)
     assert refmath.round_once(x, BF16).astype(np.float64)[0] == 1.0 + 2.0**-7
 
 

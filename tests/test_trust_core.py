@@ -99,8 +99,8 @@ TRICKY = 1 + 2**-8 + 2**-30  # halfway-plus-a-little in bfloat16; through float3
 ONCE = float(np.array(1 + 2**-7, F32).astype(BF16))
 
 
-def test_the_tricky_value_rounds_twice_through_float32_and_once_through_convert():
-    assert float(np.float64(TRICKY).astype(BF16)) == 1.0  # what ml_dtypes' cast does
+def test_the_tricky_value_rounds_once_through_convert_whatever_mldtypes_does():
+    assert float(np.float64(TRICKY).astype(BF16)) in (1.0, ONCE)  # 1.0: ml_dtypes 0.6.0, via float32
     assert float(topos.element.convert(TRICKY, BF16)) == ONCE == 1.0078125
 
 
