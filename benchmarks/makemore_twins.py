@@ -60,7 +60,6 @@ MAKEMORE = HERE.parent / "examples" / "makemore"
 sys.path.insert(0, str(HERE))
 from _timing import table  # noqa: E402
 
-from topos import init  # noqa: E402
 
 # The examples' own options at the sizes tests/test_examples_makemore.py trains them (--tiny): the
 # same recordings, so the smoke test's compiles come from the cache that test filled.
@@ -94,10 +93,9 @@ class Workload:
 def mlp_workload(steps: int, tiny: bool) -> Workload:
     mlp = _example("mlp")
     args = mlp.command_line().parse_args((TINY["mlp"] if tiny else []) + ["--steps", str(steps)])
-    names = mlp.load(None, seed=42)
-    xs, ys = mlp.contexts(names, names.train, args.context)
-    batches = init.Generator(args.seed)
-    picks = [batches.integers((args.batch,), 0, len(xs)) for _ in range(steps)]
+    from series import windows  # examples/makemore is on sys.path once an example is loaded
+
+    names, (xs, ys), _, picks = windows(args, args.context)  # the example's own batches
     feeds = [{"context": xs[rows], "next": ys[rows], "optim.lr": mlp.learning_rate(args, k)}
              for k, rows in enumerate(picks)]
     network, (loss, updates) = mlp.recorder(names, args, args.batch, "sgd")
@@ -107,11 +105,10 @@ def mlp_workload(steps: int, tiny: bool) -> Workload:
 def transformer_workload(steps: int, tiny: bool) -> Workload:
     transformer = _example("transformer")
     args = transformer.command_line().parse_args((TINY["transformer"] if tiny else []) + ["--steps", str(steps)])
-    names = transformer.load(None, seed=42)
-    xs, ys = transformer.contexts(names, names.train, args.context)
+    from series import windows
+
+    names, (xs, ys), _, picks = windows(args, args.context)
     targets = transformer.targets(names, xs, ys)
-    batches = init.Generator(args.seed)
-    picks = [batches.integers((args.batch,), 0, len(xs)) for _ in range(steps)]
     feeds = [{"context": xs[rows], "next": targets[rows].reshape(-1), "optim.lr": transformer.learning_rate(args, k)}
              for k, rows in enumerate(picks)]
     network, (loss, updates, _, _) = transformer.recorder(names, args)

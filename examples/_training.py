@@ -166,6 +166,22 @@ def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[
     return worst
 
 
+def fit(network, loss, updates, args, feeds_of: Callable[[int], dict],
+        description: str) -> tuple[Trainer, list[float], str]:
+    """What every example does with its training network: check, train, time -> (trainer, losses, report line).
+
+    The trainer of ``args.route`` is built once (one compile); its first
+    ``args.check`` steps are checked against the oracle's from the same
+    weights and undone; then ``args.steps`` steps train with the progress
+    bar, and the report line says how it went.
+    """
+    trainer = Trainer(network, loss, updates, args.route)
+    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
+    began = time.perf_counter()
+    losses = train(trainer, feeds_of, args.steps, args.quiet, description)
+    return trainer, losses, report(args.route, trainer, time.perf_counter() - began, args.steps, checked)
+
+
 def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], rows: int) -> np.ndarray:
     """``read`` over fixed-size chunks of ``arrays`` (shapes are static: one recording per size), joined.
 

@@ -37,7 +37,8 @@ def load_example(name: str):
 
 
 EXAMPLES = {name: load_example(name) for name in ("bigram", "mlp", "batchnorm", "wavenet", "transformer")}
-from _training import ExampleError  # noqa: E402  (examples/ is on sys.path now)
+from _training import ExampleError, Trainer  # noqa: E402  (examples/ is on sys.path now)
+from names import contexts, load  # noqa: E402
 
 import topos  # noqa: E402
 
@@ -128,10 +129,10 @@ def test_batchnorm_trains_and_reads_dev_with_the_inference_entry(route, small_na
 def test_batchnorm_keeps_running_statistics_through_the_compiled_step(small_names):
     module = EXAMPLES["batchnorm"]
     args = module.command_line().parse_args(["--hidden", "16", "--batch", "16", "--data", small_names])  # cached
-    names = module.load(args.data)
+    names = load(args.data)
     network, (loss, updates, _, _) = module.recorder(names, args)
-    trainer = module.Trainer(network, loss, updates, "iree")
-    xs, ys = module.contexts(names, names.train, args.context)
+    trainer = Trainer(network, loss, updates, "iree")
+    xs, ys = contexts(names, names.train, args.context)
     trainer.step({"context": xs[:16], "next": ys[:16]})
     table = trainer.table()
     assert table["norm.running_mean"].any() and not (table["norm.running_var"] == 1).all()
@@ -154,8 +155,8 @@ def test_transformer_trains_over_every_position(route, small_names, capsys):
 
 def test_transformer_targets_ignore_only_padding():
     module = EXAMPLES["transformer"]
-    names = module.load(None)
-    xs, ys = module.contexts(names, ["ab"], 3)  # ... -> a, ..a -> b, .ab -> .
+    names = load(None)
+    xs, ys = contexts(names, ["ab"], 3)  # ... -> a, ..a -> b, .ab -> .
     assert module.targets(names, xs, ys).tolist() == [[27, 27, 1], [27, 1, 2], [1, 2, 0]]
 
 
@@ -204,3 +205,23 @@ def test_twin_benchmark_runs_and_its_curves_agree(cache):
     assert all(gap < 1e-4 for gap in gaps), out
     for column in ("topos IREE", "topos oracle", "PyTorch") + (() if skipped else ("jax",)):
         assert column in out.split("One training step")[1], out
+
+
+# ---- the full runs of docs/examples.md (slow: minutes each) -------------------------------------
+
+FULL_RUNS = {  # the dev loss docs/examples.md quotes for each default run on the shipped names
+    "mlp": ([], 2.3136),
+    "mlp-adam": (["--optimizer", "adam"], 2.2510),
+    "batchnorm": ([], 2.2297),
+    "wavenet": ([], 2.0477),
+    "transformer": ([], 2.2665),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FULL_RUNS))
+def test_the_default_run_reaches_the_documented_dev_loss(case, capsys):
+    options, documented = FULL_RUNS[case]
+    lines = run(case.split("-")[0], ["--quiet", *options], capsys)
+    _, dev = check_tail(lines, "iree")
+    assert dev < documented + 0.02, f"{case}: dev {dev:.4f}, docs/examples.md says {documented}"

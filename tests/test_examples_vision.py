@@ -63,6 +63,13 @@ def test_digits_train_compiled_checked_against_the_oracle_and_beat_chance(tmp_pa
     assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_the_default_digits_run_reaches_the_documented_accuracy(capsys):
+    mnist.main(["--quiet"])
+    accuracy = float(final_figures(capsys.readouterr().out)["test accuracy"])
+    assert accuracy > 0.9666 - 0.02, f"test accuracy {accuracy}, docs/examples.md says 0.9666"
+
+
 def test_digits_train_through_the_fast_plan(capsys):
     mnist.main(["--route", "plan", "--steps", "8", "--check", "2", "--quiet", "--seed", "3"])
     figures = final_figures(capsys.readouterr().out)

@@ -24,3 +24,12 @@ def test_python_blocks_run(tmp_path, monkeypatch, capsys, document):
 def test_readme_first_block_is_the_two_commands():
     first = re.search(r"```[a-z]*\n(.*?)```", README.read_text(), flags=re.S).group(1)
     assert first.strip().splitlines() == ["make demo", "make test"]
+
+
+def test_every_example_the_readme_lists_exists_and_has_its_row_in_docs_examples():
+    scripts = re.findall(r"^\.venv/bin/python (examples/\S+\.py)", README.read_text(), flags=re.M)
+    assert len(scripts) >= 9
+    guide = (ROOT / "docs" / "examples.md").read_text()
+    for script in scripts:
+        assert (ROOT / script).is_file(), script
+        assert f"python {script}" in guide, f"{script} has no command in docs/examples.md"

@@ -22,24 +22,12 @@ Prints ``last-500 mean loss`` and ``test accuracy`` as its last lines.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training, cifar10.data
 
 import numpy as np  # noqa: E402
-from _training import (  # noqa: E402
-    ExampleError,
-    Reader,
-    Trainer,
-    check_against_oracle,
-    in_chunks,
-    parser,
-    plot,
-    report,
-    run,
-    train,
-)
+from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 from cifar10.data import CHANNELS, CLASSES, SIDE, Cifar, load  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
@@ -137,11 +125,7 @@ def main(argv=None) -> None:
         return {"images": cifar.normalized(images[rows]), "labels": labels[rows], "optim.lr": learning_rate(args, step)}
 
     network, (loss, updates) = recorder(args, args.batch, training=True)
-    trainer = Trainer(network, loss, updates, args.route)
-    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
-    began = time.perf_counter()
-    losses = train(trainer, feeds_of, args.steps, args.quiet, "cifar10 vgg")
-    seconds = time.perf_counter() - began
+    trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "cifar10 vgg")
 
     rows = min(args.test_batch, len(cifar.test_labels))
     test, logits = recorder(args, rows, training=False)
@@ -150,7 +134,7 @@ def main(argv=None) -> None:
                              cifar.test_images, cifar.test_labels, rows)
     if args.plot:
         plot(losses, args.plot, f"VGG-style net on CIFAR-10 ({args.route})")
-    print(report(args.route, trainer, seconds, args.steps, checked))
+    print(ran)
     print(f"last-500 mean loss: {np.mean(losses[-500:]):.4f}")
     print(f"test accuracy: {test_accuracy:.4f}")
 

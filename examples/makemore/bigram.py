@@ -37,16 +37,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
 import numpy as np  # noqa: E402
-from _training import Reader, Trainer, check_against_oracle, parser, plot, report, run, train  # noqa: E402
+from _training import Reader, fit, plot, run  # noqa: E402
 from names import Names, contexts, load  # noqa: E402
-from series import sample  # noqa: E402
+from series import parser, sample  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
@@ -146,13 +145,11 @@ def _smoothing(text: str) -> float:
 
 
 def command_line() -> argparse.ArgumentParser:
-    """The options: the harness's (--route, --steps, --seed, --plot, --check, --quiet) and this model's."""
+    """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=200)
     options.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     options.add_argument("--smoothing", type=_smoothing, default=1.0,
                          help="pretend counts added to every pair (default 1; 0: none)")
-    options.add_argument("--samples", type=int, default=20)
-    options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
 
 
@@ -171,12 +168,7 @@ def main(argv=None) -> None:
     network, (objective, loss, table, updates) = recorder(names, args, len(xs))
     pairs = padded(names, xs, ys)
     feeds_of = lambda step: {**pairs, "optim.lr": learning_rate(args, step)}  # noqa: E731
-    trainer = Trainer(network, objective, updates, args.route)
-    checked = check_against_oracle(network, objective, updates, args.route, feeds_of, min(args.check, args.steps),
-                                   trainer)
-    began = time.perf_counter()
-    losses = train(trainer, feeds_of, args.steps, args.quiet, "makemore bigram")
-    seconds = time.perf_counter() - began
+    trainer, losses, ran = fit(network, objective, updates, args, feeds_of, "makemore bigram")
 
     trained = Reader(network, [loss, table], args.route)(trainer.table(), feeds_of(args.steps))
     neural = np.asarray(trained[table], np.float64)
@@ -186,7 +178,7 @@ def main(argv=None) -> None:
     if args.plot:
         plot(losses, args.plot, f"makemore bigram, the training objective ({args.optimizer}, {args.route})")
     smoothing = f"add-{args.smoothing:g} smoothed counts" if args.smoothing else "unsmoothed counts"
-    print(report(args.route, trainer, seconds, args.steps, checked))
+    print(ran)
     print(f"counting loss: {counting_loss:.4f} (training pairs, {smoothing}: the neural loss's limit)")
     print(f"neural loss: {neural_loss:.4f} (training pairs, after {args.steps} steps; "
           f"{neural_loss - counting_loss:+.1e} from counting)")

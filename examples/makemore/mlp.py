@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
-from _training import Reader, Trainer, check_against_oracle, parser, plot, report, run, train  # noqa: E402
-from names import Names, contexts, load  # noqa: E402
-from series import finish  # noqa: E402
+from _training import Reader, fit, plot, run  # noqa: E402
+from names import Names  # noqa: E402
+from series import finish, parser, windows  # noqa: E402
 from series import sample as draw  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
@@ -80,37 +79,27 @@ def sample(names: Names, network, probabilities, reader, table, count: int, cont
 
 
 def command_line() -> argparse.ArgumentParser:
-    """The options: the harness's (--route, --steps, --seed, --plot, --check, --quiet) and this model's."""
+    """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=5000)
     options.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     options.add_argument("--context", type=int, default=3)
     options.add_argument("--embedding", type=int, default=10)
     options.add_argument("--hidden", type=int, default=100)
     options.add_argument("--batch", type=int, default=64)
-    options.add_argument("--samples", type=int, default=20)
-    options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
 
 
 def main(argv=None) -> None:
     args = command_line().parse_args(argv)
 
-    names = load(args.data, seed=42)
-    xs, ys = contexts(names, names.train, args.context)
-    dev_x, dev_y = contexts(names, names.dev, args.context)
-    batches = init.Generator(args.seed)
-    picks = [batches.integers((args.batch,), 0, len(xs)) for _ in range(args.steps)]
+    names, (xs, ys), (dev_x, dev_y), picks = windows(args, args.context)
 
     def feeds_of(step: int) -> dict:
         rows = picks[step % len(picks)]
         return {"context": xs[rows], "next": ys[rows], "optim.lr": learning_rate(args, step)}
 
     network, (loss, updates) = recorder(names, args, args.batch, args.optimizer)
-    trainer = Trainer(network, loss, updates, args.route)
-    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
-    began = time.perf_counter()
-    losses = train(trainer, feeds_of, args.steps, args.quiet, "makemore mlp")
-    seconds = time.perf_counter() - began
+    trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "makemore mlp")
     trained = trainer.table()
 
     dev, dev_loss = recorder(names, args, len(dev_x), "eval")
@@ -121,7 +110,7 @@ def main(argv=None) -> None:
                    sampler.parameters(trained), args.samples, args.context, args.seed)
     if args.plot:
         plot(losses, args.plot, f"makemore MLP ({args.optimizer}, {args.route})")
-    finish(report(args.route, trainer, seconds, args.steps, checked), losses, dev_value, words)
+    finish(ran, losses, dev_value, words)
 
 
 if __name__ == "__main__":

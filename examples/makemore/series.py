@@ -1,6 +1,8 @@
-"""What the makemore examples share beyond the data and the harness: drawing names, and the last lines.
+"""What the makemore examples share beyond the data and the harness: options, windows, drawing names, the last lines.
 
-Every example of the series ends the same way: the harness's ``report``
+Every example takes the harness's options plus ``--samples`` and
+``--data`` (``parser``), and trains on random batches of windows of
+the split (``windows``). Every example of the series ends the same way: the harness's ``report``
 line, its training figure, ``dev loss: X.XXXX`` and ``samples: ...``
 (``finish``). Names are drawn by ``sample`` from whatever gives the next
 character's probabilities for a window of the previous ones, so two
@@ -10,12 +12,35 @@ the same names when they hold the same probabilities.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from names import Names
-
+from names import Names, contexts, load
 from topos import init
+
+from _training import parser as harness_parser
+
+
+def parser(description: str, steps: int) -> argparse.ArgumentParser:
+    """The harness's options (--route, --steps, --seed, --plot, --check, --quiet), --samples and --data."""
+    options = harness_parser(description, steps=steps)
+    options.add_argument("--samples", type=int, default=20, help="names drawn at the end (default 20)")
+    options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
+    return options
+
+
+def windows(args, context: int) -> tuple[Names, tuple, tuple, list[np.ndarray]]:
+    """The names, the (window, next) pairs of train and dev, and the rows of each step's batch.
+
+    The split is always the lectures' (seed 42); ``--seed`` draws the
+    batches, ``args.batch`` rows a step.
+    """
+    names = load(args.data, seed=42)
+    train, dev = contexts(names, names.train, context), contexts(names, names.dev, context)
+    batches = init.Generator(args.seed)
+    picks = [batches.integers((args.batch,), 0, len(train[0])) for _ in range(args.steps)]
+    return names, train, dev, picks
 
 
 def sample(names: Names, next_probabilities: Callable[[np.ndarray], np.ndarray], count: int, context: int,

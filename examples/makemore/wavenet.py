@@ -36,16 +36,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
 import numpy as np  # noqa: E402
-from _training import Reader, Trainer, check_against_oracle, in_chunks, parser, plot, report, run, train  # noqa: E402
-from names import Names, contexts, load  # noqa: E402
-from series import finish, sample  # noqa: E402
+from _training import Reader, fit, in_chunks, plot, run  # noqa: E402
+from names import Names  # noqa: E402
+from series import finish, parser, sample, windows  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
@@ -129,37 +128,27 @@ def _power_of_two(text: str) -> int:
 
 
 def command_line() -> argparse.ArgumentParser:
-    """The options: the harness's (--route, --steps, --seed, --plot, --check, --quiet) and this model's."""
+    """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=20000)
     options.add_argument("--context", type=_power_of_two, default=8, help="characters seen (a power of two; default 8)")
     options.add_argument("--embedding", type=int, default=24)
     options.add_argument("--hidden", type=int, default=128)
     options.add_argument("--batch", type=int, default=32)
     options.add_argument("--momentum", type=float, default=0.1, help="of the running statistics (default 0.1)")
-    options.add_argument("--samples", type=int, default=20)
-    options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
 
 
 def main(argv=None) -> None:
     args = command_line().parse_args(argv)
 
-    names = load(args.data, seed=42)
-    xs, ys = contexts(names, names.train, args.context)
-    dev_x, dev_y = contexts(names, names.dev, args.context)
-    batches = init.Generator(args.seed)
-    picks = [batches.integers((args.batch,), 0, len(xs)) for _ in range(args.steps)]
+    names, (xs, ys), (dev_x, dev_y), picks = windows(args, args.context)
 
     def feeds_of(step: int) -> dict:
         rows = picks[step % len(picks)]
         return {"context": xs[rows], "next": ys[rows], "optim.lr": learning_rate(args, step)}
 
     network, (loss, updates, row_loss, probabilities) = recorder(names, args)
-    trainer = Trainer(network, loss, updates, args.route)
-    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
-    began = time.perf_counter()
-    losses = train(trainer, feeds_of, args.steps, args.quiet, "makemore wavenet")
-    seconds = time.perf_counter() - began
+    trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "makemore wavenet")
     trained = trainer.table()
 
     inference = Reader(network, [row_loss, probabilities], args.route)
@@ -174,7 +163,7 @@ def main(argv=None) -> None:
                    args.samples, args.context, args.seed)
     if args.plot:
         plot(losses, args.plot, f"makemore WaveNet ({args.route})")
-    finish(report(args.route, trainer, seconds, args.steps, checked), losses, dev_value, words)
+    finish(ran, losses, dev_value, words)
 
 
 if __name__ == "__main__":

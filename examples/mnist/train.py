@@ -18,24 +18,12 @@ Prints ``last-500 mean loss`` and ``test accuracy`` as its last lines.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training, mnist.data
 
 import numpy as np  # noqa: E402
-from _training import (  # noqa: E402
-    ExampleError,
-    Reader,
-    Trainer,
-    check_against_oracle,
-    in_chunks,
-    parser,
-    plot,
-    report,
-    run,
-    train,
-)
+from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 from mnist.data import CLASSES, Digits, load  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
@@ -108,11 +96,7 @@ def main(argv=None) -> None:
         return {"images": images[rows], "labels": labels[rows], "optim.lr": learning_rate(args, step)}
 
     network, (loss, updates) = recorder(digits, args, args.batch, training=True)
-    trainer = Trainer(network, loss, updates, args.route)
-    checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
-    began = time.perf_counter()
-    losses = train(trainer, feeds_of, args.steps, args.quiet, "mnist lenet")
-    seconds = time.perf_counter() - began
+    trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "mnist lenet")
 
     rows = min(args.test_batch, len(digits.test_labels))
     test, logits = recorder(digits, args, rows, training=False)
@@ -121,7 +105,7 @@ def main(argv=None) -> None:
                              digits.test_images, digits.test_labels, rows)
     if args.plot:
         plot(losses, args.plot, f"LeNet on {digits.source} ({args.route})")
-    print(report(args.route, trainer, seconds, args.steps, checked))
+    print(ran)
     print(f"last-500 mean loss: {np.mean(losses[-500:]):.4f}")
     print(f"test accuracy: {test_accuracy:.4f}")
 
