@@ -345,7 +345,14 @@ F64_ERF_SIGN = Known(
     "erf's derivative reads) comes back with its sign flipped, erf(-0.7448) = +0.7078; the "
     "negation returned beside it is right, and is flagged only because it is judged on that value",
     "IREE (3.13.0): the module is four lines of StableHLO (see docs/reliability.md)")
-KNOWN = (GATHER_FUSION, SIN_COS_LARGE_ARGUMENT, SIN_NEGATIVE_ZERO, F64_ERF_SIGN)
+GLOBAL_WRITE = Known(
+    "iree-global-write-outside-distribution",
+    "iree-compile refuses a module it should compile: \"'linalg.generic' op write affecting operations "
+    "on global resources are restricted to workgroup distributed contexts\" at a narrow of a padded, "
+    "doubled scatter, when every node is a result (as bisect compiles); found by the slow run, not "
+    "yet minimised below one fuzzed graph",
+    "IREE (3.13.0) llvm-cpu dispatch distribution; in topos, dialect/lowering.py once minimised")
+KNOWN = (GATHER_FUSION, SIN_COS_LARGE_ARGUMENT, SIN_NEGATIVE_ZERO, F64_ERF_SIGN, GLOBAL_WRITE)
 # Fixed, each with its reproduction kept below as a regression test (docs/reliability.md): the
 # logsumexp rule (its weights are softmax(x)), the one-element in-place add of EXACT plans, IREE's
 # sum of a splat of constants (constant reductions are folded on the host), its refusal of a
@@ -358,7 +365,11 @@ _NODE_IN_DIAGNOSTIC = re.compile(r"\(node %(\d+) (\w+)\)")
 
 def _refused(network, error: Exception) -> tuple[Known, list[int]] | None:
     """Which known divergence made IREE refuse the module, and the nodes that trigger it."""
-    return None  # every refusal the fuzzer has met is fixed (docs/reliability.md)
+    text = str(error)
+    if "write affecting operations on global resources" in text:
+        nodes = [int(i) for i, name in _NODE_IN_DIAGNOSTIC.findall(text) if name == "narrow"]
+        return (GLOBAL_WRITE, nodes) if nodes else None
+    return None
 
 
 def _constant(network, i: int) -> bool:
@@ -628,6 +639,30 @@ def test_fixed_splat_reduction_sums_every_element(compile_cache):
     got = compiled.forward(network.parameters())[adjoints[w]]
     want = network.forward(network.parameters())[adjoints[w]]
     assert np.array_equal(got, want), f"compiled {got}, oracle {want}"
+
+
+@pytest.mark.xfail(strict=True, raises=topos.ToposError, reason=GLOBAL_WRITE.what)
+def test_known_divergence_iree_compiles_a_narrow_of_a_padded_scatter_with_every_node_observed(compile_cache):
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):  # the fuzzed graph as the slow run drew it (docs/reliability.md)
+        v0 = tape.parameter(np.array([[[-0.852861225605011], [1.098866581916809]],
+                                      [[-0.3308456838130951], [-1.0643808841705322]],
+                                      [[-1.5375767946243286], [1.9701229333877563]],
+                                      [[1.7394993305206299], [-1.4295520782470703]]], np.float32))
+        v1 = tape.input(topos.selection([[1, 0], [1, 1], [0, 0], [1, 0]], 2))
+        v2 = v0.scatter(v1, 2)
+        v4 = v2.sub(v2).pad(1, 0, 2)
+        v4.add(v4).narrow(0, 0, 2)
+        v8 = v4.scatter(tape.leaf(topos.selection([0, 0], 1)), 1)
+        v0.broadcast_to((4, 2, 1)).add(v0)
+        v15 = v8.broadcast_along(0, 3).broadcast_along(0, 1).sum().add(v2.sum())
+        loss = v15.add(v2.sum())
+        return loss, tape.differentiate(loss, [v0])
+
+    network, (loss, adjoints) = Tape.record(model)
+    every = [network.symbol(n.index) for n in network.nodes() if not n.is_source and is_element(n.dtype)]
+    network.entry([loss, *adjoints.roots()], observe=every, numerics=Numerics.FAST).lower().compile("llvm-cpu")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=GATHER_FUSION.what)
