@@ -265,8 +265,19 @@ def record_training(config: Config, batch: int, length: int, learning_rate: floa
     ``optim.lr`` per step.
     """
 
+    return record_next_token(Gpt2, decays, config, batch, length, learning_rate, weight_decay, seed, train)
+
+
+def record_next_token(model_class, decays, config, batch: int, length: int, learning_rate: float,
+                      weight_decay: float, seed: int, train: bool):
+    """The next-token recording ``record_training`` describes, for any model ``model_class(config)``.
+
+    The model returns ``(logits, caches)``; ``decays(name)`` is AdamW's
+    weight-decay policy by parameter name. Shared with ``llama.record_training``.
+    """
+
     def record(tape):
-        model = Gpt2(config)
+        model = model_class(config)
         tokens = tape.input(shape=(batch, length), extent=config.vocabulary, name="tokens")
         targets = tape.input(shape=(batch * length,), extent=config.vocabulary, name="targets")
         logits, _ = model(tokens)

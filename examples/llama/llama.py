@@ -46,11 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))  # kv_cach
 
 import kv_cache  # noqa: E402
 import numpy as np  # noqa: E402
+from gpt2 import record_next_token  # noqa: E402
 from kv_cache import Generation  # noqa: E402
 
 import topos  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
-from topos import Tape, init, nn, optim  # noqa: E402
+from topos import Tape, init, nn  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -257,19 +258,7 @@ def decays(name: str) -> bool:
 def record_training(config: Config, batch: int, length: int, learning_rate: float = 1e-3,
                     weight_decay: float = 0.1, seed: int = 0, train: bool = True):
     """Like ``gpt2.record_training``: (network, (model, loss, AdamW updates or None)); feeds tokens, targets."""
-
-    def record(tape):
-        model = Llama(config)
-        tokens = tape.input(shape=(batch, length), extent=config.vocabulary, name="tokens")
-        targets = tape.input(shape=(batch * length,), extent=config.vocabulary, name="targets")
-        logits, _ = model(tokens)
-        loss = F.cross_entropy(logits.reshape((batch * length, config.vocabulary)), targets)
-        if not train:
-            return model, loss, None
-        optimizer = optim.AdamW(lr=learning_rate, betas=(0.9, 0.95), weight_decay=weight_decay, decay=decays)
-        return model, loss, optimizer.record(tape.differentiate(loss, model.parameters()))
-
-    return Tape.record(record, seed=seed)
+    return record_next_token(Llama, decays, config, batch, length, learning_rate, weight_decay, seed, train)
 
 
 def record_generation(config: Config, batch: int = 1, length: int | None = None, seed: int = 0,

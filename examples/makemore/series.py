@@ -19,6 +19,7 @@ import numpy as np
 from names import Names, contexts, load
 from topos import init
 
+from _training import Reader, in_chunks
 from _training import parser as harness_parser
 
 
@@ -78,3 +79,21 @@ def finish(report_line: str, losses: Sequence[float], dev_loss: float, words: Se
     print(f"dev loss: {dev_loss:.4f}")
     print("samples: " + " ".join(words))
 
+
+def read_dev_and_sample(names: Names, network, row_loss, probabilities, trained, args, dev) -> tuple[float, list[str]]:
+    """The dev loss and the samples through one row-by-row inference entry of ``args.batch`` rows.
+
+    The entry reads ``context`` and ``next`` and gives each row's loss and
+    next-character probabilities; sampling has no targets, so it feeds '.'
+    (their loss goes unread).
+    """
+    inference = Reader(network, [row_loss, probabilities], args.route)
+
+    def read(root, context, following=None):
+        following = np.zeros(len(context), np.int64) if following is None else following
+        return inference(trained, {"context": context, "next": following})[root]
+
+    dev_value = float(in_chunks(lambda c, f: read(row_loss, c, f), list(dev), args.batch).mean())
+    words = sample(names, lambda window: in_chunks(lambda c: read(probabilities, c), [window], args.batch),
+                   args.samples, args.context, args.seed)
+    return dev_value, words

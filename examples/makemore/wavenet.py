@@ -41,10 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
-import numpy as np  # noqa: E402
-from _training import Reader, fit, in_chunks, plot, run  # noqa: E402
+from _training import fit, plot, run  # noqa: E402
 from names import Names  # noqa: E402
-from series import finish, parser, sample, windows  # noqa: E402
+from series import finish, parser, read_dev_and_sample, windows  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
@@ -151,16 +150,7 @@ def main(argv=None) -> None:
     trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "makemore wavenet")
     trained = trainer.table()
 
-    inference = Reader(network, [row_loss, probabilities], args.route)
-
-    def read(root, context, following=None):
-        """One batch of the inference entry; sampling has no targets, so it feeds '.' (their loss goes unread)."""
-        following = np.zeros(len(context), np.int64) if following is None else following
-        return inference(trained, {"context": context, "next": following})[root]
-
-    dev_value = float(in_chunks(lambda c, f: read(row_loss, c, f), [dev_x, dev_y], args.batch).mean())
-    words = sample(names, lambda window: in_chunks(lambda c: read(probabilities, c), [window], args.batch),
-                   args.samples, args.context, args.seed)
+    dev_value, words = read_dev_and_sample(names, network, row_loss, probabilities, trained, args, (dev_x, dev_y))
     if args.plot:
         plot(losses, args.plot, f"makemore WaveNet ({args.route})")
     finish(ran, losses, dev_value, words)
