@@ -541,6 +541,11 @@ class CompiledPlan:
     def __repr__(self) -> str:
         return f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments, {len(self.results)} results>"
 
+    def _repr_html_(self) -> str:
+        from topos.display import compiled_card  # the Jupyter card, loaded only when a notebook asks
+
+        return compiled_card(self)
+
 
 def _as_tuple(outputs) -> tuple:
     return outputs if isinstance(outputs, tuple) else (outputs,)

@@ -41,17 +41,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import re
-import stat
 import sys
-import tempfile
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from ..files import write_atomically
 from .diagnostics import Diagnostic, DialectError, format_diagnostic
 
 SPLIT_MARKER = "// -----"
@@ -269,43 +267,6 @@ def decode_source(data: bytes | str, source_name: str) -> str:
         )
         raise DialectError([Diagnostic("error", message, where)]) from None
 
-
-def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` in full or not at all: a temporary file beside it, then a rename.
-
-    A path that is not a regular file (``/dev/null``, a pipe) is written
-    directly: renaming over it would replace the device with a file.
-    """
-    target = os.path.realpath(path)  # through a symlink, as opening the path would write
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    if os.path.exists(target) and not os.path.isfile(target):
-        with open(target, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return
-    if os.path.exists(target):
-        mode = stat.S_IMODE(os.stat(target).st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask  # what open() would have created; mkstemp makes 0600
-    try:
-        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
-    except PermissionError:
-        if not os.access(target, os.W_OK):
-            raise
-        # A writable file in a folder we may not add to: writing it in place is the only way.
-        with open(target, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return
-    try:
-        with open(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def _report_all(diagnostics, sources: dict[str, str]) -> None:

@@ -9,17 +9,34 @@ the same sealed spec, and each one is checked against the oracle:
   3. gradients, two readings       7. StableHLO
   4. training by hand              8. IREE: the plan and a whole training step compiled
 
-Run: python examples/walkthrough.py
+Each stage is also drawn (topos.draw) into a folder, walkthrough-drawings/
+unless --drawings names another: DOT text always, SVG when Graphviz's dot
+is installed. docs/drawings/ holds the same files, and a test checks that
+they are current.
+
+Run: python examples/walkthrough.py [--drawings DIR]
 """
+
+import argparse
+from pathlib import Path
 
 import numpy as np
 
 import topos
 from topos import Numerics, Tape
+from topos.drawing import graphviz_available, save_stage
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--drawings", default="walkthrough-drawings", help="folder for the drawings of each stage")
+drawings = Path(parser.parse_args().drawings)
 
 
 def banner(title: str) -> None:
     print(f"\n=== {title} " + "=" * max(0, 60 - len(title)))
+
+
+def drawn(stage: str, drawing: topos.Drawing) -> None:
+    save_stage(drawing, drawings, stage)
 
 
 # 1. Record. Shapes and element types are fixed here, at the recording line.
@@ -43,6 +60,9 @@ print(network.describe())
 print(f"nodes 0..{forward_nodes - 1} are the forward graph; "
       f"nodes {forward_nodes}..{adjoints[w].index} were appended by differentiate (the chain rule "
       f"as nodes), and the rest by sgd (w - 0.1 * gradient)")
+# Plate 1 of the vision: the forward graph, and the chain rule and the update appended in lighter shades.
+drawn("record", topos.draw(network.entry([loss]).lower(), stage="network"))
+drawn("differentiate", topos.draw(network, adjoints=adjoints, updates=updates))
 
 # 2. Run the oracle. Parameters are the caller's state; the network never changes.
 banner("the oracle")
@@ -50,6 +70,7 @@ parameters = network.parameters()
 sample = np.array([[1.0, 2.0]], dtype=np.float32)
 run = network.forward(parameters, {x: sample})
 print("loss =", run[loss])
+drawn("interpret", topos.draw(run, adjoints=adjoints, updates=updates))  # every value the oracle computed
 
 # 3. Differentiate two ways, and check they agree bit for bit.
 banner("gradients: backward scan == recorded nodes")
@@ -86,10 +107,12 @@ planned = plan.forward(parameters, {x: sample})
 oracle = network.forward(parameters, {x: sample})
 assert np.array_equal(planned[loss], oracle[loss]) and np.array_equal(planned[adjoints[w]], oracle[adjoints[w]])
 print("exact plan == oracle, bit for bit")
+drawn("plan", topos.draw(plan, adjoints=adjoints))
 
 # 6. The same plan as a module of the topos dialect (one op per node, with its recording line).
 banner("the topos MLIR module")
 print(plan.emit_mlir(debug_info=False))
+drawn("dialect", topos.draw(plan, stage="mlir"))
 
 # 6b. Passes annotate it with what the plan decided: liveness, fusion offers, the election.
 banner("the annotated module (topos-plan, topos-fuse, topos-elect)")
@@ -100,6 +123,7 @@ print(transform(plan.emit_mlir(), "topos-plan,topos-fuse,topos-elect{kinds=eleme
 # 7. Python passes lower it to StableHLO.
 banner("StableHLO")
 print(plan.emit_stablehlo())
+drawn("stablehlo", topos.draw(plan, stage="stablehlo"))
 
 # 8. IREE compiles the StableHLO; results are checked against the oracle within the envelope.
 banner("IREE (llvm-cpu)")
@@ -108,8 +132,13 @@ print(compiled.describe())
 fast = compiled.forward(parameters, {x: sample})
 assert np.allclose(fast[loss], oracle[loss], rtol=1e-5) and np.allclose(fast[adjoints[w]], oracle[adjoints[w]], rtol=1e-5)
 print("compiled plan agrees with the oracle:", float(fast[loss]), "vs", float(oracle[loss]))
+# bisect grades every node of the compiled plan against the reference kernel on its compiled inputs.
+report = topos.bisect(plan.entry, parameters, {x: sample})
+print(report.summary())
+drawn("iree", topos.draw(report))
 
 step_plan = network.entry(updates.roots(loss)).lower()
+drawn("fuse", topos.draw(step_plan, adjoints=adjoints, updates=updates))
 trainer = step_plan.compile("llvm-cpu")
 state = trainer.resident(parameters)  # parameters stay on the device between steps
 for step in range(5):
@@ -117,3 +146,9 @@ for step in range(5):
 on_device = state.to_host()[w]
 assert np.allclose(on_device, by_scan[w], rtol=1e-5, atol=1e-6)
 print("5 compiled training steps (one IREE call each) match the oracle's 5 steps:", on_device.tolist())
+drawn("deploy", topos.draw(trainer))
+
+banner("drawings")
+kinds = "DOT and SVG" if graphviz_available() else "DOT (install Graphviz's dot for SVG: apt install graphviz)"
+print(f"each stage drawn ({kinds}) in {drawings.resolve()}/: record, interpret, differentiate, plan, "
+      "dialect, stablehlo, iree, fuse, deploy")

@@ -472,3 +472,14 @@ def test_vjp_seed_of_the_wrong_shape_is_named():
     x = tape.parameter(np.ones((2, 3)))
     with pytest.raises(DifferentiationError, match=r"seed has shape \[3\].*\[2, 3\]"):
         tape.vjp(x * 2.0, np.ones(3), [x])
+
+
+def test_gradients_name_their_network_and_target():
+    def model(tape):
+        w = tape.parameter(np.float64(3.0))
+        return w, (w * w).sum()
+
+    network, (w, loss) = Tape.record(model)
+    gradients = network.forward(network.parameters()).backward(loss)
+    assert gradients.network is network and gradients.target == loss
+    assert gradients.map(lambda g: g * 2).target == loss

@@ -6,6 +6,7 @@
 
 from .bisect import BisectReport, bisect
 from .differentiate import Adjoints, Field, Gradients
+from .drawing import Drawing, DrawingError, draw, plot_live_bytes
 from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
 from .errors import (
     CheckpointError,
@@ -35,9 +36,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "BisectReport", "Candidate", "CheckpointError",
-    "DifferentiationError", "Eager", "Entry", "FeedError", "Field", "GradientCheckError", "GradientReport",
-    "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters", "Plan", "Recordable", "RecordingError",
-    "Run", "SealedError", "Selection", "SelectionType", "ShapeError", "Symbol", "SymbolError", "Tape",
-    "ToposError", "Updates", "Value", "bfloat16", "bisect", "by_name", "check_gradients", "checkpoint", "concat",
-    "detach", "float32", "float64", "init", "nn", "optim", "selection", "sgd", "stack",
+    "DifferentiationError", "Drawing", "DrawingError", "Eager", "Entry", "FeedError", "Field",
+    "GradientCheckError", "GradientReport", "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters",
+    "Plan", "Recordable", "RecordingError", "Run", "SealedError", "Selection", "SelectionType", "ShapeError",
+    "Symbol", "SymbolError", "Tape", "ToposError", "Updates", "Value", "bfloat16", "bisect", "by_name",
+    "check_gradients", "checkpoint", "concat", "detach", "draw", "float32", "float64", "init", "nn", "optim",
+    "plot_live_bytes", "selection", "sgd", "stack",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,7 @@ class BisectReport:
     checks: tuple[NodeCheck, ...]  # recording order
     first: Divergence | None
     roots: tuple[int, ...]
+    network: Any = field(default=None, repr=False, compare=False)  # what topos.draw draws the checks on
 
     @property
     def ok(self) -> bool:
@@ -155,6 +156,11 @@ class BisectReport:
             lines.append(f"  furthest from the oracle: %{worst.index}, {worst.global_detail}")
         lines.append(f"  {self.summary()}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from .display import bisect_card  # the Jupyter card, loaded only when a notebook asks
+
+        return bisect_card(self)
 
 
 def _indices(indices: tuple[int, ...], at_most: int = 8) -> str:
@@ -213,7 +219,7 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
             first = _divergence(network, i, inputs, _describe_envelope(network._opcodes[i].name, chosen),
                                 local, whole)
     roots = tuple(dict.fromkeys(s.index for s in entry.roots))
-    return BisectReport(target, tuple(checks), first, roots)
+    return BisectReport(target, tuple(checks), first, roots, entry.network)
 
 
 def _divergence(network, i, operand_values, envelope: str, local, whole) -> Divergence:

@@ -79,6 +79,16 @@ class Gradients:
         self._arrays = arrays
         self._target = target
 
+    @property
+    def network(self):
+        """The network whose nodes these gradients are indexed by."""
+        return self._network
+
+    @property
+    def target(self):
+        """The Symbol differentiated, or None for a field that sums others (accumulated micro-batches)."""
+        return None if self._target is None else self._network.symbol(self._target)
+
     def __getitem__(self, symbol) -> np.ndarray:
         """A read-only copy of d target / d ``symbol`` (zeros where the target does not depend on it)."""
         return own(self._field(symbol))
@@ -108,6 +118,11 @@ class Gradients:
     def __repr__(self) -> str:
         target = "a sum" if self._target is None else f"%{self._target}"
         return f"<Gradients of {target}: {len(self._arrays)} nodes reached>"
+
+    def _repr_html_(self) -> str:
+        from .display import gradients_card  # the Jupyter card, loaded only when a notebook asks
+
+        return gradients_card(self)
 
     # -- algebra: accumulate over micro-batches or data-parallel shards -------------------
     def map(self, fn) -> Gradients:
@@ -238,6 +253,11 @@ class Adjoints:
     def __repr__(self) -> str:
         pairs = ", ".join(f"{_symbol_of(w)!r}->{_symbol_of(g)!r}" for w, g in self.pairs())
         return f"Adjoints(target={_symbol_of(self.target)!r}, {pairs})"
+
+    def _repr_html_(self) -> str:
+        from .display import adjoints_card  # the Jupyter card, loaded only when a notebook asks
+
+        return adjoints_card(self)
 
 
 def _symbol_of(x):

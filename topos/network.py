@@ -60,6 +60,11 @@ class Node:
             self.role,
         )
 
+    def _repr_html_(self) -> str:
+        from .display import node_card  # the Jupyter card, loaded only when a notebook asks
+
+        return node_card(self)
+
 
 class Network:
     """A sealed tape: the spec every later stage reads. Immutable and not copyable."""
@@ -225,6 +230,11 @@ class Network:
         return (f"<Network {plural(len(self), 'node')}, {plural(len(self._slots), 'parameter')}, "
                 f"{plural(len(self._inputs), 'input')}>")
 
+    def _repr_html_(self) -> str:
+        from .display import network_card  # the Jupyter card, loaded only when a notebook asks
+
+        return network_card(self)
+
     # -- state and runs ----------------------------------------------------------------------
     def parameters(self, source=None, *, strict: bool = True):
         """A fresh Parameters table for this network.
@@ -296,7 +306,7 @@ def _format_attribute(value) -> str:
     return str(value)
 
 
-def _leaf_summary(payload: np.ndarray) -> str:
+def leaf_summary(payload: np.ndarray) -> str:
     """``value=c`` for a uniform float leaf, so constants read at a glance."""
     if payload.dtype.kind in "iu":
         return ""
@@ -341,7 +351,7 @@ def describe_line(index, opcode, operands, attributes, spec, payload, name=None,
     args = "(" + ", ".join(str(j) for j in operands) + ")"
     attrs = " ".join(f"{k}={_format_attribute(v)}" for k, v in attributes)
     if opcode.name == "leaf" and payload is not None:
-        attrs = _leaf_summary(payload)
+        attrs = leaf_summary(payload)
     if name is not None:
         attrs = f"name={name}"
     if role:

@@ -140,6 +140,11 @@ class Parameters:
         slots = ", ".join(f"{n}: {list(a.shape)} {a.dtype}" for n, a in zip(self._names, self._arrays))
         return f"Parameters({{{slots}}})"
 
+    def _repr_html_(self) -> str:
+        from .display import parameters_card  # the Jupyter card, loaded only when a notebook asks
+
+        return parameters_card(self)
+
     # -- algebra: every result is a new table ---------------------------------------------
     def _rebuilt(self, arrays) -> Parameters:
         checked = []

@@ -56,3 +56,8 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run over {len(self._values)} of {len(self._network)} nodes>"
+
+    def _repr_html_(self) -> str:
+        from .display import run_card  # the Jupyter card, loaded only when a notebook asks
+
+        return run_card(self)

@@ -294,6 +294,11 @@ class Tape:
 
         return describe_columns(self, "tape")
 
+    def _repr_html_(self) -> str:
+        from .display import tape_card  # the Jupyter card, loaded only when a notebook asks
+
+        return tape_card(self)
+
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._sealed:

@@ -70,6 +70,11 @@ class Updates:
         return "Updates(" + ", ".join(f"{getattr(p, 'symbol', p)!r}->{getattr(n, 'symbol', n)!r}"
                                       for p, n in self._pairs) + ")"
 
+    def _repr_html_(self) -> str:
+        from .display import updates_card  # the Jupyter card, loaded only when a notebook asks
+
+        return updates_card(self)
+
 
 def sgd(tape, adjoints, learning_rate) -> Updates:
     """Record ``p - learning_rate * g`` for each (parameter, gradient) of ``adjoints``.

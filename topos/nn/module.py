@@ -308,6 +308,11 @@ class Module:
             return "\n".join(lines)
         return lines[0] + ")"
 
+    def _repr_html_(self) -> str:
+        from topos.display import module_card  # the Jupyter card, loaded only when a notebook asks
+
+        return module_card(self)
+
 
 _readings = threading.local()
 

@@ -75,6 +75,11 @@ class Entry:
         return (f"Entry(roots={list(self.roots)}, observe={list(self.observes)}, "
                 f"numerics=Numerics.{self.numerics.name})")
 
+    def _repr_html_(self) -> str:
+        from ..display import entry_card  # the Jupyter card, loaded only when a notebook asks
+
+        return entry_card(self)
+
 
 def _symbols(values) -> list:
     if hasattr(values, "symbol") or not isinstance(values, (list, tuple)):

@@ -116,14 +116,17 @@ class Plan:
                     live -= _nbytes(network._specs[j])
         return tuple(series)
 
-    def describe(self) -> str:
-        """Each scheduled node with its liveness label, then the plan's summary."""
-        network, lines = self.network, []
+    def liveness(self) -> dict[int, str]:
+        """Each scheduled node's fate, as describe and topos.draw print it.
+
+        ``kept (result k)``, ``freed after N`` (the last step that reads it),
+        ``fused into Gk`` (never materialised), or ``unread``; a group's root
+        adds ``; Gk = kind of n nodes``.
+        """
         results = {n: k for k, n in enumerate(self.entry._readable)}
         numbers = {g.root: k for k, g in enumerate(self._fusions)}
+        labels = {}
         for n in self.schedule:
-            base = describe_line(n, network._opcodes[n], network._operands[n], network._attributes[n],
-                                 network._specs[n], network._payloads.get(n))
             group = self._group_of.get(n)
             if group is not None and group.root != n:
                 label = f"fused into G{numbers[group.root]}"
@@ -135,7 +138,17 @@ class Plan:
                 label = "unread"
             if group is not None and group.root == n:
                 label += f"; G{numbers[n]} = {group.kind} of {len(group.nodes)} nodes"
-            lines.append(f"{base:<88}  {label}")
+            labels[n] = label
+        return labels
+
+    def describe(self) -> str:
+        """Each scheduled node with its liveness label, then the plan's summary."""
+        network, lines = self.network, []
+        liveness = self.liveness()
+        for n in self.schedule:
+            base = describe_line(n, network._opcodes[n], network._operands[n], network._attributes[n],
+                                 network._specs[n], network._payloads.get(n))
+            lines.append(f"{base:<88}  {liveness[n]}")
         total = len(network)
         peak, at = self.peak()
         retain = self.retain_all_bytes()
@@ -152,6 +165,11 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan {len(self.schedule)} of {len(self.network)} nodes, {self.numerics.value}>"
+
+    def _repr_html_(self) -> str:
+        from ..display import plan_card  # the Jupyter card, loaded only when a notebook asks
+
+        return plan_card(self)
 
     # -- emission (the MLIR side is imported only when asked for) ------------------------------
     def _declared(self) -> tuple[list, list]:
