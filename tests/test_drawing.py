@@ -151,7 +151,7 @@ def test_the_live_bytes_curve_plots_the_plans_series(recorded):
     assert ax.lines[1].get_ydata()[0] == plan.peak()[0]
     import matplotlib.pyplot as plt
 
-    plt.close(figure)
+    assert plt.get_fignums() == []  # pyplot never saw it: a notebook shows it once, as the cell's value
 
 
 # ---- MLIR modules -----------------------------------------------------------------------------

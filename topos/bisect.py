@@ -127,6 +127,10 @@ class BisectReport:
         """The node whose compiled value strays furthest from the oracle (None when nothing was checked)."""
         return max(self.checks, key=lambda c: c.global_worst, default=None)
 
+    def __repr__(self) -> str:
+        verdict = "ok" if self.first is None else f"divergence at %{self.first.index}"
+        return f"<BisectReport on {self.target}: {verdict}, {plural(self.checked, 'node')} checked>"
+
     def summary(self) -> str:
         """One line: how many nodes were checked and what was found."""
         checked = f"{plural(self.checked, 'node')} checked in recording order on {self.target}"

@@ -315,33 +315,32 @@ def plan_drawing(plan, *, adjoints=(), updates=(), max_nodes: int = MAX_NODES) -
 
 
 def plot_live_bytes(plan, ax=None):
-    """The plan's live bytes after each executed step, as a matplotlib figure (needs matplotlib)."""
-    try:
-        import matplotlib
+    """The plan's live bytes after each executed step, as a matplotlib Figure (needs matplotlib).
 
-        if ax is None:
-            matplotlib.use("Agg", force=False) if os.environ.get("MPLBACKEND") is None else None
-        import matplotlib.pyplot as plt
+    Built without pyplot, so nothing global changes and a notebook shows
+    the figure once (as the cell's value); pass ``ax`` to draw into axes
+    of your own instead.
+    """
+    try:
+        from matplotlib.figure import Figure
     except ImportError:
         raise DrawingError("plot_live_bytes needs matplotlib: pip install 'topos[examples]' "
                            "(or pip install matplotlib)") from None
     series = plan.live_series()
-    figure = None
     if ax is None:
-        figure, ax = plt.subplots(figsize=(6, 2.6), layout="constrained")
-    steps = list(range(len(series)))
-    ax.step(steps, [live for _, live in series], where="post", color="#2e6da4")
+        ax = Figure(figsize=(6, 2.6), layout="constrained").subplots()
+    ax.step(range(len(series)), [live for _, live in series], where="post", color="#2e6da4")
     peak, at = plan.peak()
     if series:
         where = [n for n, _ in series].index(at)
         ax.plot([where], [peak], "o", color="#c0392b")
-        ax.annotate(f"peak {_bytes(peak)} at %{at}", (where, peak), textcoords="offset points",
+        ax.annotate(f"peak {_bytes(peak)} at step {where} (%{at})", (where, peak), textcoords="offset points",
                     xytext=(6, -12), fontsize=8)
     ax.axhline(plan.retain_all_bytes(), color="#999999", linestyle=":", linewidth=1)
-    ax.set_xlabel("executed step")
+    ax.set_xlabel("executed step (a fusion group is one step)")
     ax.set_ylabel("live bytes")
     ax.set_title("live bytes (dotted: retain-all)", fontsize=9)
-    return figure if figure is not None else ax.figure
+    return ax.figure
 
 
 # ---- MLIR modules -----------------------------------------------------------------------------
