@@ -1,11 +1,19 @@
-"""The ``topos`` command: ``topos bisect FILE.py[:FUNCTION]`` names the line where a compiled run diverges.
+"""The ``topos`` command.
 
-FUNCTION (default ``bisect_case``) takes no arguments and returns
-``(entry, parameters, feeds)``; feeds may be left out or None. Exit
-status: 0 when every node is within its envelope, 1 when a divergence was
-found, 2 when no verdict could be reached (a usage error, a file or
-function that cannot be loaded, a case that raises, a module IREE
-refuses). User mistakes get a one-paragraph message, never a traceback.
+``topos bisect FILE.py[:FUNCTION]`` names the line where a compiled run
+diverges. FUNCTION (default ``bisect_case``) takes no arguments and
+returns ``(entry, parameters, feeds)``; feeds may be left out or None.
+Exit status: 0 when every node is within its envelope, 1 when a
+divergence was found, 2 when no verdict could be reached (a usage error,
+a file or function that cannot be loaded, a case that raises, a module
+IREE refuses).
+
+``topos export FILE.py[:FUNCTION] -o DIR`` writes the self-contained IREE
+artifact of the case's entry (``plan.export``; FUNCTION default
+``export_case``, same return convention; the parameters and feeds become
+the test vectors). Exit status 0 when written, 2 when refused.
+
+User mistakes get a one-paragraph message, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_FUNCTION = "bisect_case"
+EXPORT_FUNCTION = "export_case"
 
 
 class _Refusal(Exception):
@@ -33,9 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return _bisect(arguments)
+        return _bisect(arguments) if arguments.command == "bisect" else _export(arguments)
     except _Refusal as refusal:
-        print(f"topos bisect: error: {refusal}", file=sys.stderr)
+        print(f"topos {arguments.command}: error: {refusal}", file=sys.stderr)
         return 2
 
 
@@ -67,7 +76,44 @@ def _parser() -> argparse.ArgumentParser:
     )
     bisect.add_argument("--print-stablehlo", action="store_true",
                         help="print the StableHLO text IREE compiled (after --replace) before the report")
+    export = commands.add_parser(
+        "export",
+        help="write a self-contained IREE artifact (module.vmfb, StableHLO, flags, manifest, test vectors, check.sh)",
+        description=(
+            "Compile a case's entry for a target and write a folder that IREE runs without topos: "
+            "module.vmfb, module.stablehlo.mlir and module.located.mlir, flags.txt, manifest.json, the "
+            "oracle's test vectors (inputs/, expected/) and check.sh. Exit 0: written; 2: refused."
+        ),
+    )
+    export.add_argument(
+        "case", metavar="FILE.py[:FUNCTION]",
+        help=f"a Python file and the function in it that returns (entry, parameters, feeds) "
+             f"(default function: {EXPORT_FUNCTION})",
+    )
+    export.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write")
+    export.add_argument("--target", default="llvm-cpu",
+                        help="IREE target: llvm-cpu (default), cuda, vulkan-spirv, metal-spirv, rocm")
+    export.add_argument("--cpu", default=None,
+                        help="llvm-cpu only: generic (default, portable), host (this machine) or an LLVM CPU name")
+    export.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty")
     return parser
+
+
+def _export(arguments) -> int:
+    path, function = _split_case(arguments.case, EXPORT_FUNCTION)
+    case = _load_function(path, function)
+    entry, parameters, feeds = _call_case(case, path, function)
+    from topos.errors import ToposError
+
+    try:
+        folder = entry.lower().export(arguments.output, arguments.target, parameters=parameters, feeds=feeds,
+                                      cpu=arguments.cpu, force=arguments.force)
+    except ToposError as error:
+        raise _Refusal(f"{type(error).__name__}: {error}") from None
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    print(f"exported {len(files)} files to {folder}: {', '.join(files)}")
+    print(f"check it without topos: sh {folder / 'check.sh'}")
+    return 0
 
 
 def _bisect(arguments) -> int:
@@ -98,14 +144,14 @@ def _bisect(arguments) -> int:
     return 0 if report.ok else 1
 
 
-def _split_case(case: str) -> tuple[Path, str]:
+def _split_case(case: str, default: str = DEFAULT_FUNCTION) -> tuple[Path, str]:
     """``FILE.py:FUNCTION`` -> (path, function); a colon that names no identifier belongs to the path."""
     head, colon, tail = case.rpartition(":")
     if colon and tail.isidentifier():
         return Path(head), tail
     if colon and not tail:
         raise _Refusal(f"{case!r}: nothing after the colon; write FILE.py:FUNCTION or just FILE.py")
-    return Path(case), DEFAULT_FUNCTION
+    return Path(case), default
 
 
 def _load_function(path: Path, function: str):

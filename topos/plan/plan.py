@@ -243,6 +243,19 @@ class Plan:
         return plain, located, {"emit": emitted - started, "raise": raised - emitted,
                                 "lower": time.perf_counter() - raised}
 
+    def export(self, directory, target: str = "llvm-cpu", **options):
+        """Write a self-contained IREE artifact of this plan into ``directory`` -> its Path.
+
+        ``module.vmfb`` (what ``iree-run-module`` loads), the portable and the
+        located StableHLO, ``flags.txt``, ``manifest.json``, the oracle's test
+        vectors and ``check.sh``; options: ``parameters``, ``feeds``, ``cpu``
+        (default "generic"), ``force``, ``data_tiling`` (see
+        topos.dialect.export and docs/deploy.md).
+        """
+        from ..dialect.export import export_plan
+
+        return export_plan(self, directory, target, **options)
+
     def compile(self, target: str = "llvm-cpu", driver: str | None = None, **options):
         """Compile this plan with IREE for ``target`` -> CompiledPlan (see topos.dialect.compiled)."""
         from ..dialect.compiled import compile_plan

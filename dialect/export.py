@@ -1,0 +1,279 @@
+"""``plan.export(directory)``: a self-contained IREE artifact that runs and checks itself without topos.
+
+The folder holds
+
+* ``module.vmfb``: the module as ``iree-compile`` writes it (no cache
+  header), compiled from the portable StableHLO below, so it carries no
+  path of the machine that built it;
+* ``module.stablehlo.mlir``: the portable StableHLO (no locations), and
+  ``module.located.mlir``: the same ops with every node's location, paths
+  relative to the working directory the export ran in (a path outside it
+  keeps only its file name), for debugging;
+* ``flags.txt``: the exact ``iree-compile`` command line that rebuilds
+  ``module.vmfb`` from ``module.stablehlo.mlir``;
+* ``manifest.json``: the function, each argument and result with its
+  node, name, role, shape and element type, the target and driver, the
+  topos and IREE versions, and each result's envelope;
+* ``inputs/`` and ``expected/``: the oracle's test vectors, ``.npy`` for
+  float32, float64 and indices, raw little-endian ``.bin`` for bfloat16
+  (NumPy's format has no bfloat16; ``iree-run-module`` reads it as
+  ``SHAPExbf16=@file.bin``);
+* ``check.sh``: runs ``iree-run-module --expected_output`` on those
+  vectors with tolerances from the envelopes; exit status 0 means the
+  module reproduces the oracle on this machine.
+
+A result's envelope is the end-to-end one every compiled result meets
+(``conformance.END_TO_END_ULPS`` units of its element type's epsilon
+times the largest magnitude of the oracle's value), as an absolute
+tolerance; ``iree-run-module`` takes one tolerance per element type, so
+``check.sh`` passes the largest of each type's results.
+
+The artifact is written to a temporary folder beside ``directory`` and
+renamed into place when whole: a failed export leaves nothing, and an
+existing non-empty ``directory`` is replaced only with ``force=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from topos.errors import ToposError
+
+from .compiled import CompiledPlan, _compile, toolchain_version
+from .conformance import END_TO_END_ULPS
+from .targets import flags_for, target
+
+# The runtime device iree-run-module names for each driver CompiledPlan uses.
+_DEVICES = {"local-sync": "local-task", "local-task": "local-task", "cuda": "cuda", "vulkan": "vulkan",
+            "metal": "metal", "hip": "hip"}
+_THRESHOLD_FLAGS = {"f32": "--expected_f32_threshold", "f64": "--expected_f64_threshold",
+                    "bf16": "--expected_bf16_threshold"}
+# No source map and no DWARF: the module then names no path of the machine that built it, and
+# iree-compile on the command line rebuilds it byte for byte (measured: without these the two
+# differ, by the buffer name the locations carry).
+_STRIPPED = ("--iree-vm-bytecode-module-strip-source-map=true",)
+_STRIPPED_CPU = ("--iree-llvmcpu-debug-symbols=false",)
+_LOCATED_FILE = re.compile(r'loc\("([^"]+)":(\d+):(\d+)\)')
+
+
+class ExportError(ToposError, ValueError):
+    """An export refused: an existing folder, an unwritable path, missing feeds, a target that cannot."""
+
+
+def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=None, feeds=None,
+                cpu: str | None = None, force: bool = False, data_tiling: bool | None = None) -> Path:
+    """Write the artifact of ``plan`` for ``target_name`` into ``directory`` and return its path.
+
+    ``parameters`` (default: the record-site initial table) and ``feeds``
+    (default: the recorded defaults) are the test vectors the oracle runs.
+    ``cpu`` (llvm-cpu) defaults to ``"generic"``, LLVM's portable x86-64 or
+    AArch64 baseline, because an exported module travels; ``"host"`` is
+    this machine's CPU (faster, and may not run elsewhere). Other targets
+    take no cpu.
+    """
+    from topos import Numerics
+
+    folder = Path(directory)
+    _check_destination(folder, force)
+    chosen = target(target_name)
+    if cpu is None:
+        cpu = "generic" if chosen.name == "llvm-cpu" else "host"
+    network = plan.network
+    parameters = network.parameters() if parameters is None else parameters
+    text, located, _ = plan._stablehlo_with_timings()
+    if data_tiling is None:
+        from .compiled import largest_matmul
+        from .targets import DATA_TILING_THRESHOLD
+
+        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
+    flags = flags_for(chosen, "f64" in text, cpu, uses_bf16="bf16" in text, data_tiling=data_tiling)
+    flags += _STRIPPED if chosen.name != "llvm-cpu" else _STRIPPED + _STRIPPED_CPU
+    vmfb = _compile(text, flags)  # the portable text: the module names no path of this machine
+    compiled = CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, {}, False)
+    arguments = compiled._arguments(parameters, feeds)  # FeedError names a missing or wrong feed
+    oracle = network.entry(list(plan.entry.roots), observe=list(plan.entry.observes),
+                           numerics=Numerics.EXACT).interpret(parameters, feeds)
+    results = [(i, np.asarray(oracle[network.symbol(i)])) for i in compiled.results]
+
+    argument_rows = [_describe(network, i, k, np.asarray(a)) for k, (i, a) in
+                     enumerate(zip(compiled.arguments, arguments))]
+    result_rows = [{**_describe(network, i, k, value), "role": _result_role(plan, i),
+                    "envelope_abs": _envelope(value)} for k, (i, value) in enumerate(results)]
+    manifest = {
+        "function": "main",
+        "target": chosen.name,
+        "driver": chosen.driver,
+        "device": _DEVICES.get(chosen.driver, chosen.driver),
+        "flags": list(flags),
+        "versions": {"topos": _topos_version(), "iree": toolchain_version()},
+        "envelope": (f"|compiled - oracle| <= {END_TO_END_ULPS:g} * eps(dtype) * max|oracle| per result "
+                     "(topos.dialect.conformance.END_TO_END_ULPS)"),
+        "arguments": argument_rows,
+        "results": result_rows,
+    }
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=_parent(folder)))
+    try:
+        partial.chmod(0o777 & ~_umask())  # what mkdir would have made; mkdtemp makes 0700
+        (partial / "module.vmfb").write_bytes(vmfb)
+        (partial / "module.stablehlo.mlir").write_text(text)
+        (partial / "module.located.mlir").write_text(_relative_locations(located))
+        (partial / "flags.txt").write_text(shlex.join(["iree-compile", *flags, "module.stablehlo.mlir",
+                                                       "-o", "module.vmfb"]) + "\n")
+        inputs = [_write_vector(partial / "inputs", row, np.asarray(a))
+                  for row, a in zip(argument_rows, arguments)]
+        expected = [_write_vector(partial / "expected", row, value)
+                    for row, (_, value) in zip(result_rows, results)]
+        (partial / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        check = partial / "check.sh"
+        check.write_text(_check_script(manifest, inputs, expected))
+        check.chmod(0o755)
+        _move_into_place(partial, folder)
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ExportError(f"cannot write the export to {folder}: {error.strerror or error}") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return folder
+
+
+def _check_destination(folder: Path, force: bool) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder} is a file; export writes a folder: name a new folder")
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise ExportError(f"{folder} exists and is not empty; choose a new folder, or pass force=True "
+                          "(topos export --force) to replace it")
+    parent = _parent(folder)
+    if not parent.is_dir():
+        raise ExportError(f"the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise ExportError(f"cannot create files in {parent} (permission denied); choose a writable folder")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _parent(folder: Path) -> Path:
+    return folder.resolve().parent
+
+
+def _move_into_place(partial: Path, folder: Path) -> None:
+    """Rename the finished folder into place; an existing one (force) is moved aside first, then removed."""
+    if folder.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=_parent(folder)))
+        os.replace(folder, aside / folder.name)
+        os.replace(partial, folder)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(partial, folder)
+
+
+def _describe(network, i: int, position: int, value: np.ndarray) -> dict:
+    node = network._node(i)
+    name = node.name or f"node{i}_{node.opcode.name}"
+    return {"position": position, "node": i, "name": name, "opcode": node.opcode.name,
+            "role": _argument_role(node), "shape": list(value.shape), "dtype": _mlir_type(value.dtype),
+            "file": f"{position:02d}_{_safe(name)}"}
+
+
+def _argument_role(node) -> str:
+    if node.opcode.name == "parameter":
+        return "state" if node.role == "state" else "parameter"
+    return node.opcode.name
+
+
+def _result_role(plan, i: int) -> str:
+    return "root" if any(s.index == i for s in plan.entry.roots) else "observe"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60]
+
+
+def _mlir_type(dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype == ml_dtypes.bfloat16:
+        return "bf16"
+    return {"f": "f", "i": "i", "u": "ui"}[dtype.kind] + str(dtype.itemsize * 8)
+
+
+def _envelope(value: np.ndarray) -> float:
+    if value.dtype.kind not in "fV" and value.dtype != ml_dtypes.bfloat16:
+        return 0.0
+    eps = float(ml_dtypes.finfo(value.dtype).eps)
+    finite = np.abs(value.astype(np.float64))
+    finite = finite[np.isfinite(finite)]
+    return END_TO_END_ULPS * eps * (float(finite.max()) if finite.size else 0.0)
+
+
+def _write_vector(folder: Path, row: dict, value: np.ndarray) -> str:
+    """Write one test vector; return its iree-run-module spelling (``@file.npy`` or ``SHAPExbf16=@file.bin``)."""
+    folder.mkdir(exist_ok=True)
+    if row["dtype"] == "bf16" or value.ndim == 0:  # iree-run-module reads a rank-0 .npy as shape [1]
+        path = folder / f"{row['file']}.bin"
+        array = np.ascontiguousarray(value)
+        path.write_bytes(array.view(np.uint16).astype("<u2").tobytes() if row["dtype"] == "bf16"
+                         else array.astype(array.dtype.newbyteorder("<")).tobytes())
+        shape = "".join(f"{d}x" for d in value.shape)
+        return f"{shape}{row['dtype']}=@{folder.name}/{path.name}"
+    path = folder / f"{row['file']}.npy"
+    np.save(path, np.ascontiguousarray(value))
+    return f"@{folder.name}/{path.name}"
+
+
+def _check_script(manifest: dict, inputs: list[str], expected: list[str]) -> str:
+    thresholds: dict[str, float] = {}
+    for row in manifest["results"]:  # one tolerance per element type: the largest of its results
+        if row["dtype"] in _THRESHOLD_FLAGS:
+            thresholds[row["dtype"]] = max(thresholds.get(row["dtype"], 0.0), row["envelope_abs"])
+    command = ['"$RUN"', "--module=module.vmfb", f"--device={manifest['device']}", "--function=main"]
+    command += [f"--input={spec}" for spec in inputs]
+    command += [f"--expected_output={spec}" for spec in expected]
+    command += ["--expected_rtol=0"] + [f"{_THRESHOLD_FLAGS[t]}={v:.9g}" for t, v in sorted(thresholds.items())]
+    body = " \\\n  ".join(command)
+    return f"""#!/bin/sh
+# Runs module.vmfb on the oracle's inputs and compares every result with the oracle's,
+# within its envelope ({manifest['envelope']}).
+# Exit status 0: the module reproduces the oracle here. Needs iree-run-module on PATH
+# (pip install iree-base-runtime), or IREE_RUN_MODULE naming it. Target {manifest['target']},
+# device {manifest['device']}.
+set -eu
+cd "$(dirname "$0")"
+RUN="${{IREE_RUN_MODULE:-iree-run-module}}"
+exec {body}
+"""
+
+
+def _relative_locations(located: str) -> str:
+    def relative(match: re.Match) -> str:
+        path = match.group(1)
+        if os.path.isabs(path):
+            try:
+                shorter = os.path.relpath(path)
+            except ValueError:
+                shorter = os.path.basename(path)
+            path = os.path.basename(path) if shorter.startswith("..") else shorter
+        return f'loc("{path}":{match.group(2)}:{match.group(3)})'
+
+    return _LOCATED_FILE.sub(relative, located)
+
+
+def _topos_version() -> str:
+    import topos
+
+    return topos.__version__
+
+
+__all__ = ["ExportError", "export_plan"]

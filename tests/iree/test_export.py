@@ -1,0 +1,254 @@
+"""plan.export and ``topos export``: an artifact IREE runs and checks without topos, written whole or not at all.
+
+``check.sh`` runs here in an empty environment with IREE's native
+``iree-run-module`` binary (no Python, so no topos): what a deployment
+machine with only IREE's runtime would do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: F401  (autouse fixture)
+
+import topos
+from topos import FeedError, Tape
+from topos.dialect.export import ExportError
+from topos.dialect.targets import TargetError
+
+ROOT = Path(__file__).resolve().parents[2]
+IREE_BIN = Path(sys.executable).parent
+NATIVE_RUN = Path(__import__("iree._runtime_libs", fromlist=["x"]).__file__).parent / "iree-run-module"
+
+
+def training_step(dtype):
+    def record(tape):
+        w = tape.parameter(np.array([[0.5, -0.25], [0.75, 1.0]], dtype=dtype), name="w")
+        x = tape.input(np.array([[1.0, 2.0]], dtype=dtype), name="x")
+        h = (x @ w).tanh()
+        loss = (h * h).sum()
+        return loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
+
+    network, (loss, updates) = Tape.record(record)
+    return network.entry(updates.roots(loss)).lower()
+
+
+def run_check(folder: Path) -> subprocess.CompletedProcess:
+    """check.sh in an empty environment: the native iree-run-module, nothing of Python or topos."""
+    environment = {"PATH": "/usr/bin:/bin", "IREE_RUN_MODULE": str(NATIVE_RUN)}
+    return subprocess.run(["sh", str(folder / "check.sh")], env=environment, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
+def test_the_artifact_runs_and_passes_its_check_without_topos(dtype, tmp_path):
+    folder = training_step(dtype).export(tmp_path / "step")
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    suffix = "bin" if dtype == topos.bfloat16 else "npy"
+    assert names == ["check.sh", f"expected/00_node5_sum.bin", f"expected/01_node19_sub.{suffix}", "flags.txt",
+                     f"inputs/00_w.{suffix}", f"inputs/01_x.{suffix}", "manifest.json", "module.located.mlir",
+                     "module.stablehlo.mlir", "module.vmfb"]
+    done = run_check(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[SUCCESS] all function outputs matched" in done.stdout
+    assert os.access(folder / "check.sh", os.X_OK)
+
+
+def test_check_sh_fails_when_the_module_leaves_the_oracle(tmp_path):
+    folder = training_step(np.float32).export(tmp_path / "step")
+    expected = folder / "expected" / "01_node19_sub.npy"
+    np.save(expected, np.load(expected) + np.float32(1e-3))  # far outside a 16-ulp envelope
+    done = run_check(folder)
+    assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr
+
+
+def test_the_manifest_names_every_argument_and_result(tmp_path):
+    plan = training_step(ml_dtypes.bfloat16)
+    folder = plan.export(tmp_path / "step")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["function"] == "main" and manifest["target"] == "llvm-cpu"
+    assert manifest["versions"]["topos"] == topos.__version__
+    assert "iree-base-compiler 3.13.0" in manifest["versions"]["iree"]
+    assert [(a["name"], a["role"], a["shape"], a["dtype"]) for a in manifest["arguments"]] == [
+        ("w", "parameter", [2, 2], "bf16"), ("x", "input", [1, 2], "bf16")]
+    results = manifest["results"]
+    assert [(r["node"], r["role"], r["shape"]) for r in results] == [(5, "root", []), (19, "root", [2, 2])]
+    oracle = plan.network.forward(plan.network.parameters())
+    for row in results:
+        value = np.asarray(oracle[plan.network.symbol(row["node"])], np.float64)
+        bound = 16 * float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) * np.abs(value).max()
+        assert row["envelope_abs"] == pytest.approx(bound)
+    raw = np.frombuffer((folder / "expected" / "01_node19_sub.bin").read_bytes(), "<u2").view(ml_dtypes.bfloat16)
+    assert np.array_equal(raw.reshape(2, 2), oracle[plan.network.symbol(19)])  # the oracle's bits, raw
+
+
+def test_flags_txt_rebuilds_the_module_byte_for_byte(tmp_path):
+    folder = training_step(np.float32).export(tmp_path / "step")
+    rebuild = tmp_path / "rebuild"
+    rebuild.mkdir()
+    shutil.copy(folder / "module.stablehlo.mlir", rebuild)
+    command = shlex.split((folder / "flags.txt").read_text())
+    assert command[0] == "iree-compile" and command[-3:] == ["module.stablehlo.mlir", "-o", "module.vmfb"]
+    done = subprocess.run([str(IREE_BIN / "iree-compile"), *command[1:]], cwd=rebuild, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (rebuild / "module.vmfb").read_bytes() == (folder / "module.vmfb").read_bytes()
+
+
+def test_no_file_names_a_path_of_this_machine(tmp_path):
+    folder = training_step(np.float32).export(tmp_path / "step")
+    portable = (folder / "module.stablehlo.mlir").read_text()
+    assert "loc(" not in portable and "stablehlo.dot_general" in portable
+    located = (folder / "module.located.mlir").read_text()
+    assert 'loc("tests/iree/test_export.py":' in located or 'loc("test_export.py":' in located
+    assert str(ROOT) not in located and str(tmp_path) not in located
+    vmfb = (folder / "module.vmfb").read_bytes()
+    assert str(ROOT).encode() not in vmfb and b"test_export.py" not in vmfb
+
+
+@pytest.mark.parametrize("target, device", [("cuda", "cuda"), ("vulkan-spirv", "vulkan"),
+                                            ("metal-spirv", "metal"), ("rocm", "hip")])
+def test_every_target_exports_a_module_the_runtime_reads(target, device, tmp_path):
+    import iree.runtime as rt
+
+    folder = training_step(np.float32).export(tmp_path / target, target)
+    module = rt.VmModule.copy_buffer(rt.VmInstance(), (folder / "module.vmfb").read_bytes())
+    assert "main" in module.function_names
+    assert f"--device={device}" in (folder / "check.sh").read_text()
+    assert "--iree-llvmcpu-target-cpu" not in (folder / "flags.txt").read_text()
+
+
+def test_the_vulkan_artifact_passes_its_check_where_a_vulkan_device_exists(tmp_path):
+    import iree.runtime as rt
+
+    try:
+        rt.get_driver("vulkan").create_default_device()
+    except Exception as error:  # noqa: BLE001  (no loader or no device: the reason is the skip)
+        pytest.skip(f"no Vulkan device here ({error}); CI installs Mesa's lavapipe")
+    folder = training_step(np.float32).export(tmp_path / "vulkan", "vulkan-spirv")
+    done = run_check(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_indices_and_rank_zero_inputs_travel_too(tmp_path):
+    def record(tape):
+        table = tape.parameter(np.arange(15, dtype=np.float32).reshape(5, 3) / 7, name="table")
+        rows = tape.input(topos.selection(np.array([4, 0, 2, 2]), 5), name="rows")
+        scale = tape.input(np.float32(0.5), name="scale")
+        picked = table.gather(rows)
+        return (picked.sum() * scale).exp()
+
+    network, out = Tape.record(record)
+    folder = network.entry([out]).lower().export(tmp_path / "gather", feeds={"scale": np.float32(0.25)})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [(a["name"], a["shape"]) for a in manifest["arguments"]] == [("table", [5, 3]), ("rows", [4]),
+                                                                        ("scale", [])]
+    assert "--input=f32=@inputs/02_scale.bin" in (folder / "check.sh").read_text()
+    done = run_check(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---- refusals: a clear error and nothing half-written ----------------------------------------
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_an_existing_folder_is_refused_unless_forced(tmp_path):
+    plan = training_step(np.float32)
+    target = tmp_path / "step"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="exists and is not empty.*force=True"):
+        plan.export(target)
+    assert (target / "notes.txt").read_text() == "mine"
+    plan.export(target, force=True)
+    assert not (target / "notes.txt").exists() and (target / "module.vmfb").exists()
+    assert leftovers(tmp_path) == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ExportError, match="is a file"):
+        plan.export(tmp_path / "file")
+    with pytest.raises(ExportError, match="does not exist; create it first"):
+        plan.export(tmp_path / "missing" / "step")
+
+
+def test_a_target_that_cannot_serve_the_plan_writes_nothing(tmp_path):
+    with pytest.raises(TargetError, match="no float64 support"):
+        training_step(np.float64).export(tmp_path / "step", "vulkan-spirv")
+    with pytest.raises(TargetError, match="unknown target"):
+        training_step(np.float32).export(tmp_path / "step", "tpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_required_input_must_be_fed_and_nothing_is_written_without_it(tmp_path):
+    def record(tape):
+        x = tape.input(shape=(2,), dtype=np.float32, name="x")
+        return (x * x).sum()
+
+    network, out = Tape.record(record)
+    with pytest.raises(FeedError, match="input x .*required and was not fed"):
+        network.entry([out]).lower().export(tmp_path / "step")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_unwritable_folder_is_named(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(ExportError, match="permission denied"):
+            training_step(np.float32).export(locked / "step")
+    finally:
+        locked.chmod(0o755)
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+CASE = '''
+import numpy as np
+from topos import Tape
+
+def export_case():
+    def record(tape):
+        w = tape.parameter(np.array([[0.5, -0.25], [0.75, 1.0]], np.float32), name="w")
+        x = tape.input(np.array([[1.0, 2.0]], np.float32), name="x")
+        return ((x @ w).tanh() ** 2).sum()
+
+    network, loss = Tape.record(record)
+    return network.entry([loss]), network.parameters(), {"x": np.array([[3.0, -1.0]], np.float32)}
+'''
+
+
+def topos_command(*arguments, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topos.cli", *arguments], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_topos_export_writes_the_artifact_and_refuses_to_overwrite(tmp_path):
+    (tmp_path / "case.py").write_text(CASE)
+    done = topos_command("export", "case.py", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "exported 9 files to out" in done.stdout and "sh out/check.sh" in done.stdout
+    assert run_check(tmp_path / "out").returncode == 0
+    x = np.load(tmp_path / "out" / "inputs" / "01_x.npy")
+    assert x.tolist() == [[3.0, -1.0]]  # the case's feeds are the test vectors
+    again = topos_command("export", "case.py", "-o", "out", cwd=tmp_path)
+    assert again.returncode == 2 and "topos export: error: ExportError:" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert topos_command("export", "case.py", "-o", "out", "--force", cwd=tmp_path).returncode == 0
+    missing = topos_command("export", "nowhere.py", "-o", "x", cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file: nowhere.py" in missing.stderr
+    wrong = topos_command("export", "case.py:bisect_case", "-o", "y", cwd=tmp_path)
+    assert wrong.returncode == 2 and "has no function 'bisect_case'" in wrong.stderr
