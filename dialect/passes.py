@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -106,6 +107,12 @@ def registered_passes() -> tuple[Pass, ...]:
 
 def lookup(name: str) -> Pass | None:
     return _REGISTRY.get(name)
+
+
+def python_pass(element: str) -> Pass | None:
+    """The registered Python pass a pipeline element (``name`` or ``name{options}``) names; None for upstream."""
+    registered = _REGISTRY.get(re.split(r"[{(]", element, maxsplit=1)[0].strip())
+    return None if registered is None or registered.upstream else registered
 
 
 # Modules that register passes when imported. A module that does not exist
@@ -243,6 +250,7 @@ def run_pipeline(
     *,
     verify_each: bool = True,
     after_each: Callable[[str, object], None] | None = None,
+    upstream_statistics: bool = False,
 ) -> None:
     """Run passes on ``module`` in order; raise PassFailure (with locations) when one fails.
 
@@ -251,7 +259,10 @@ def run_pipeline(
     passes and upstream MLIR passes mix freely. With ``verify_each`` the
     module is verified (MLIR's verifier and the topos op verifiers) after
     every pass, as mlir-opt does. ``after_each(element, module)`` is called
-    after every pass (``--mlir-print-ir-after-all``).
+    after every pass (``--mlir-print-ir-after-all``). With
+    ``upstream_statistics`` MLIR's pass manager prints the statistics of
+    each upstream pass to the process's stderr (file descriptor 2), as
+    ``mlir-opt --mlir-pass-statistics --mlir-pass-statistics-display=list``.
     """
     with module.context:
         if isinstance(pipeline, str):
@@ -259,27 +270,49 @@ def run_pipeline(
         else:
             elements = [element for text in pipeline for element in split_pipeline(text)]
         for element, offset in elements:
-            _run_element(module, element, offset)
+            _run_element(module, element, offset, upstream_statistics)
             if verify_each:
                 verify_or_raise(module, after=element)
             if after_each is not None:
                 after_each(element, module)
 
 
-def _run_element(module, element: str, offset: int) -> None:
-    name, options = parse_options(element, offset)
-    registered = _REGISTRY.get(name)
-    if registered is not None and not registered.upstream:
+def _run_element(module, element: str, offset: int, statistics: bool = False) -> None:
+    registered = python_pass(element)
+    if registered is not None:
+        _, options = parse_options(element, offset)
         _run_python_pass(module, registered, options, element, offset)
         return
-    try:
-        manager = passmanager.PassManager.parse(f"builtin.module({element})")
-    except ValueError as error:
-        raise _upstream_pipeline_error(element, offset, str(error)) from None
+    manager = upstream_pipeline(element, offset)
+    if statistics:
+        manager.enable_statistics(passmanager.PassDisplayMode.LIST)
     try:
         manager.run(module.operation)
     except ir.MLIRError as error:
         raise PassFailure.from_mlir(error, f"pass '{element}' failed") from None
+
+
+_RESTRICTED = re.compile(r"restricted to '([\w.]+)' on a PassManager intended to run on 'builtin.module'")
+
+
+def upstream_pipeline(element: str, offset: int = 0) -> passmanager.PassManager:
+    """The pass manager that runs one upstream pipeline element on a module; a bad element raises PassFailure.
+
+    A pass restricted to one kind of op (``chlo-legalize-to-stablehlo`` runs
+    on ``func.func``) is nested under that op, as mlir-opt's implicit nesting
+    does. Errors point at ``offset``, the element's place in the pipeline text.
+    """
+    text = f"builtin.module({element})"
+    for _ in range(2):
+        try:
+            return passmanager.PassManager.parse(text)
+        except ValueError as error:
+            message = str(error)
+            restricted = _RESTRICTED.search(message)
+            if restricted is None:
+                break
+            text = f"builtin.module({restricted.group(1)}({element}))"
+    raise _upstream_pipeline_error(element, offset, message)
 
 
 def _run_python_pass(module, registered: Pass, options: dict[str, str], element: str, offset: int) -> None:
@@ -429,6 +462,6 @@ register_upstream_pass("inline", "Upstream MLIR inliner")
 __all__ = [
     "ENTRY_POINT_GROUP", "PASS_MODULES", "OptionError", "Pass", "PassFailure", "PassModuleError",
     "load_pass_modules", "lookup",
-    "parse_options", "register_pass", "register_upstream_pass", "registered_passes",
-    "run_pipeline", "split_pipeline", "transform", "verify_or_raise",
+    "parse_options", "python_pass", "register_pass", "register_upstream_pass", "registered_passes",
+    "run_pipeline", "split_pipeline", "transform", "upstream_pipeline", "verify_or_raise",
 ]
