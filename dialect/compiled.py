@@ -34,7 +34,7 @@ from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 from topos.provenance import user_site
 
-from .cache import CompileCache, cache_for, key
+from .cache import CompileCache, cache_for, plan_key
 from .targets import (
     DATA_TILING_THRESHOLD,
     SAFE_CPUS,
@@ -235,6 +235,22 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    if data_tiling is None:
+        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
+    dtypes = {str(plan.network._specs[n].dtype) for n in plan.schedule}
+    flags = flags_for(chosen, "float64" in dtypes, cpu, uses_bf16="bfloat16" in dtypes, data_tiling=data_tiling)
+    entry_key, vmfb = None, None
+    if store is not None and rewrite is None:
+        # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
+        entry_key = plan_key(plan, chosen.name, flags, toolchain_version())
+        vmfb = _cached_module(store, entry_key)
+    if vmfb is not None and store is not None and entry_key is not None:
+        timings["cache-hit"] = time.perf_counter() - started
+        timings["total"] = timings["cache-hit"]
+        compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True)
+        compiled.cache_key = entry_key
+        compiled._rebuild = _rebuilder(store, entry_key, plan, flags)
+        return compiled
     text, located, stage_times = plan._stablehlo_with_timings()
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)
@@ -243,34 +259,23 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
-    uses_f64 = "f64" in text
-    if data_tiling is None:
-        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
-    flags = flags_for(chosen, uses_f64, cpu, uses_bf16="bf16" in text, data_tiling=data_tiling)
-    entry_key, vmfb = None, None
-    if store is not None:
-        entry_key = key(text, chosen.name, flags, toolchain_version())
-        vmfb = _cached_module(store, entry_key)
-    hit = vmfb is not None
     began = time.perf_counter()
-    if vmfb is None:
-        vmfb = _compile(located, flags)  # located: IREE's diagnostics name the user's line
-        if store is not None and entry_key is not None:
-            store.store(entry_key, vmfb)
-    timings["iree-compile" if not hit else "cache-hit"] = time.perf_counter() - began
+    vmfb = _compile(located, flags)  # located: IREE's diagnostics name the user's line
+    if store is not None and entry_key is not None:
+        store.store(entry_key, vmfb)
+    timings["iree-compile"] = time.perf_counter() - began
     timings["total"] = time.perf_counter() - started
-    compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, hit)
+    compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, False)
     compiled.cache_key = entry_key
-    if hit and store is not None and entry_key is not None:
-        compiled._rebuild = _rebuilder(store, entry_key, located, flags)
     return compiled
 
 
-def _rebuilder(store: CompileCache, entry_key: str, located: str, flags) -> Callable[[], bytes]:
-    """For a cache hit the device refuses: evict the entry, compile afresh, store the new module."""
+def _rebuilder(store: CompileCache, entry_key: str, plan, flags) -> Callable[[], bytes]:
+    """For a cache hit the device refuses: evict the entry, lower and compile afresh, store the new module."""
 
     def rebuild() -> bytes:
         store.evict(entry_key)
+        _, located, _ = plan._stablehlo_with_timings()
         fresh = _compile(located, flags)
         store.store(entry_key, fresh)
         return fresh
@@ -304,13 +309,13 @@ context.modules[module.name]["main"](*[np.zeros(shape, np.dtype(dtype)) for shap
 class CompiledPlan:
     """A plan compiled by IREE: ``forward`` runs it; ``step`` runs a training step on device state."""
 
-    def __init__(self, plan, chosen: Target, driver: str, flags, stablehlo: str, vmfb: bytes,
+    def __init__(self, plan, chosen: Target, driver: str, flags, stablehlo: str | None, vmfb: bytes,
                  timings: Mapping[str, float], cache_hit: bool):
         self.plan = plan
         self.target = chosen
         self.driver = driver
         self.flags = tuple(flags)
-        self.stablehlo = stablehlo
+        self._stablehlo = stablehlo  # None for a cache hit: lowered again only when asked for
         self.vmfb = vmfb
         self.timings = dict(timings)
         self.cache_hit = cache_hit
@@ -326,6 +331,13 @@ class CompiledPlan:
         self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
         self._loading = threading.Lock()
         self._checked_updates: tuple = (None, ())
+
+    @property
+    def stablehlo(self) -> str:
+        """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it)."""
+        if self._stablehlo is None:
+            self._stablehlo = self.plan.emit_stablehlo()
+        return self._stablehlo
 
     def _load(self):
         with self._loading:  # threads sharing a compiled plan load its module once
@@ -617,6 +629,9 @@ class CompiledRun:
         self._outputs = outputs
         self._host: dict[int, np.ndarray] = {}  # host views of results, kept private
 
+    def __repr__(self) -> str:
+        return f"<CompiledRun on {self._compiled.target.name}: {len(self._outputs)} results>"
+
     def _position(self, symbol) -> int:
         i = self._compiled.plan.network.check(symbol)
         try:
@@ -649,6 +664,10 @@ class ResidentParameters:
         self._plan = plan
         self._device = plan._device
         self._driver = plan.driver
+
+    def names(self) -> tuple[str, ...]:
+        """The slot names of the table this state was made from, in slot order; ``device(name)`` reads one."""
+        return self._template.names()
 
     def device(self, symbol):
         """The parameter's array on the device (an IREE DeviceArray; no host copy)."""

@@ -24,7 +24,7 @@ import pytest
 from topos import Tape
 from topos import ToposError
 from topos.dialect import compiled as compiled_module
-from topos.dialect.cache import CacheError, CompileCache, default_directory, key
+from topos.dialect.cache import CacheError, CompileCache, default_directory, key, plan_key
 from topos.dialect.compiled import CompileError, compiler_version, toolchain_version
 
 from iree_support import compile_cache  # noqa: F401  (autouse fixture)
@@ -109,8 +109,9 @@ def _only_entry(directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def walkthrough_module():
     """(cache key, vmfb) of ``_plan()`` for llvm-cpu, compiled once: tests seed their caches with it."""
-    compiled = _plan()[2].compile("llvm-cpu", cache=False)
-    return key(compiled.stablehlo, "llvm-cpu", compiled.flags, toolchain_version()), compiled.vmfb
+    plan = _plan()[2]
+    compiled = plan.compile("llvm-cpu", cache=False)
+    return plan_key(plan, "llvm-cpu", compiled.flags, toolchain_version()), compiled.vmfb
 
 
 def _seeded(directory: Path, walkthrough_module) -> CompileCache:
@@ -292,3 +293,46 @@ def test_a_directory_path_is_a_cache(tmp_path):
     _, _, plan = _plan()
     assert not plan.compile("llvm-cpu", cache=tmp_path).cache_hit
     assert plan.compile("llvm-cpu", cache=str(tmp_path)).cache_hit
+
+
+# ---- keyed before lowering ------------------------------------------------------------------------
+
+
+def test_a_hit_is_found_before_any_lowering_runs_and_still_shows_its_stablehlo(tmp_path, monkeypatch):
+    cache = CompileCache(tmp_path)
+    network, out, plan = _plan()
+    first = plan.compile("llvm-cpu", cache=cache)
+    text = first.stablehlo
+    again = network.entry([out]).lower()
+    lowered = []
+    original = type(again)._stablehlo_with_timings
+    monkeypatch.setattr(type(again), "_stablehlo_with_timings", lambda self: lowered.append(1) or original(self))
+    hit = again.compile("llvm-cpu", cache=cache)
+    assert hit.cache_hit and lowered == [] and hit.vmfb == first.vmfb
+    assert set(hit.timings) == {"cache-hit", "total"}
+    assert hit.stablehlo == text and lowered == [1]  # recoverable on demand: the plan lowers again
+    assert hit.forward(network.parameters())[out] == first.forward(network.parameters())[out]
+
+
+def test_the_plan_digest_follows_what_is_emitted_not_names_or_sites():
+    def record(tape, scale, name):
+        x = tape.input(np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(2, 3), name=name)
+        return (x * scale).tanh().sum()
+
+    def digest(scale=2.0, name="x", observe=False):
+        network, out = Tape.record(lambda tape: record(tape, scale, name))
+        observed = [network.symbol(2)] if observe else []
+        return network.entry([out], observe=observed).lower().digest()
+
+    assert digest() == digest(name="renamed")  # names and recording lines never reach the module's ops
+    assert digest() != digest(scale=3.0)  # a leaf's bytes do
+    assert digest() != digest(observe=True)  # and so do the declared results
+
+
+def test_a_change_to_topos_itself_changes_every_key(monkeypatch):
+    from topos.dialect import cache as cache_module
+
+    _, _, plan = _plan()
+    before = plan_key(plan, "llvm-cpu", (), "iree 1")
+    monkeypatch.setattr(cache_module, "code_digest", lambda: "another lowering")
+    assert plan_key(plan, "llvm-cpu", (), "iree 1") != before

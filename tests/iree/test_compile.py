@@ -15,7 +15,7 @@ import pytest
 import topos
 from topos import FeedError, SymbolError, Tape, ToposError
 from topos.dialect import conformance
-from topos.dialect.cache import key
+from topos.dialect.cache import plan_key
 from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, toolchain_version
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
@@ -181,7 +181,7 @@ def test_a_corrupt_cache_entry_is_rebuilt(compile_cache):  # noqa: F811  (the fi
     network, (_, _, loss, _) = _walkthrough(np.float32)
     plan = network.entry([loss]).lower()
     built = plan.compile("llvm-cpu")
-    assert built.cache_key == key(built.stablehlo, "llvm-cpu", built.flags, toolchain_version())
+    assert built.cache_key == plan_key(plan, "llvm-cpu", built.flags, toolchain_version())
     entry = compile_cache / f"{built.cache_key}.vmfb"
     assert entry.exists()
     entry.write_bytes(entry.read_bytes()[:100])

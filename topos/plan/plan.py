@@ -166,6 +166,30 @@ class Plan:
     def __repr__(self) -> str:
         return f"<Plan {len(self.schedule)} of {len(self.network)} nodes, {self.numerics.value}>"
 
+    def digest(self) -> str:
+        """sha256 of what this plan emits: its closure's structure and constants, and its results.
+
+        Opcodes, operands, attributes, shapes and element types of the
+        scheduled nodes, the bytes of every leaf, and the declared results
+        in order: two plans with one digest emit the same StableHLO. Names,
+        recording sites, input defaults, parameter values and the numerics
+        posture are left out (none of them reaches the emitted module's
+        ops). The compile cache keys on it, so a hit skips lowering.
+        """
+        import hashlib
+
+        network, h = self.network, hashlib.sha256()
+        for n in self.schedule:
+            spec = network._specs[n]
+            h.update(repr((n, network._opcodes[n].name, network._operands[n], tuple(network._attributes[n]),
+                           spec.shape, str(spec.dtype))).encode())
+            if network._opcodes[n].name == "leaf":
+                payload = np.ascontiguousarray(network._payloads[n])
+                h.update(payload.dtype.str.encode() + payload.tobytes())
+        roots, observes = self._declared()
+        h.update(repr(([s.index for s in roots], [s.index for s in observes])).encode())
+        return h.hexdigest()
+
     def _repr_html_(self) -> str:
         from ..display import plan_card  # the Jupyter card, loaded only when a notebook asks
 
