@@ -326,6 +326,7 @@ class CompiledPlan:
             i for i in closure if network._opcodes[i].name == "input"
         )
         self.results = tuple(plan.entry._readable)
+        self._argument_kinds = tuple((i, network._opcodes[i].name == "parameter") for i in self.arguments)
         self._function = None
         self._device = None
         self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
@@ -431,16 +432,13 @@ class CompiledPlan:
     # -- running ---------------------------------------------------------------------------
     def _arguments(self, parameters, feeds, resident=None):
         network = self.plan.network
-        wanted = set(self.arguments)
-        bound_parameters = {} if resident is not None else bind_parameters(network, parameters, wanted)
         bound_feeds = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
-        args = []
-        for i in self.arguments:
-            if resident is not None and network._opcodes[i].name == "parameter":
-                args.append(resident._device_arrays[i])
-            else:
-                args.append(source_value(network, i, bound_parameters, bound_feeds))
-        return args
+        if resident is not None:  # a training step: the parameters are on the device already
+            device = resident._device_arrays
+            return [device[i] if is_parameter else source_value(network, i, device, bound_feeds)
+                    for i, is_parameter in self._argument_kinds]
+        bound_parameters = bind_parameters(network, parameters, set(self.arguments))
+        return [source_value(network, i, bound_parameters, bound_feeds) for i in self.arguments]
 
     def forward(self, parameters, feeds=None) -> CompiledRun:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""

@@ -9,6 +9,7 @@ float32, and sums keep 16 more bits than the element holds).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -83,6 +84,36 @@ def convert(value, dtype) -> np.ndarray:
     return array.astype(dtype)
 
 
+def host_array(value):
+    """``value`` as a NumPy array when it is a torch tensor, a jax array or another DLPack exporter; else ``value``.
+
+    The door foreign arrays come in by: feeds (``interpret.bind_feeds``,
+    which every oracle run and compiled call uses), and parameter sources
+    and reads through ``topos.interop.arrays``. Where the memory is on the
+    host the result is a view of it, not a copy: a run copies its feeds
+    itself, and IREE copies them to its device. A torch tensor is detached
+    first (a feed is data; a gradient would never flow back into torch),
+    moved to the CPU if it lives elsewhere, and bfloat16, which NumPy cannot
+    hold, is read through a uint16 view as ml_dtypes.bfloat16, bit for bit.
+    torch and jax are recognised through the modules already imported (a
+    torch tensor exists only once torch is), so topos imports neither.
+    """
+    if isinstance(value, (np.ndarray, np.generic)):  # the common case, first: every step feeds arrays
+        return value
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().resolve_conj().resolve_neg()
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.uint16).numpy().view(bfloat16)
+        return tensor.numpy()
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(value, getattr(jax, "Array", ())):
+        return np.asarray(value)  # jax hands NumPy bfloat16 as ml_dtypes.bfloat16 itself
+    if hasattr(value, "__dlpack__"):
+        return np.from_dlpack(value)
+    return value
+
+
 @dataclass(frozen=True, init=False)
 class Selection:
     """Indices into a table of ``extent`` rows, recorded as a leaf or fed as an input.
@@ -134,6 +165,8 @@ def integer_indices(indices) -> np.ndarray:
 
 def check_indices(array: np.ndarray, extent: int) -> None:
     """Raise a ShapeError (a ValueError) naming the first index outside ``[0, extent)``."""
+    if not array.size or (array.min() >= 0 and array.max() < extent):  # two reductions, no temporaries
+        return
     bad = (array < 0) | (array >= extent)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .element import Selection, SelectionType, check_indices, convert, integer_indices, short_name
+from .element import Selection, SelectionType, check_indices, convert, host_array, integer_indices, short_name
 from .errors import FeedError, SymbolError
 from .run import Run
 
@@ -64,10 +64,26 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
     return bound
 
 
+class _Where:
+    """``input %i (name) (recorded at site)``, spelled out only when a message needs it (every step binds feeds)."""
+
+    __slots__ = ("i", "name", "site")
+
+    def __init__(self, i, name, site):
+        self.i, self.name, self.site = i, name, site
+
+    def __str__(self) -> str:
+        return f"input %{self.i}{f' ({self.name})' if self.name else ''} (recorded at {self.site})"
+
+
 def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = None) -> np.ndarray:
-    where = f"input %{i}{f' ({name})' if name else ''} (recorded at {site})"
+    where = _Where(i, name, site)
+    fed = value
+    value = _host_value(where, value, spec)
     if isinstance(spec.dtype, SelectionType):
         if isinstance(value, Selection):
+            if value.extent <= spec.dtype.extent and value.indices.shape == spec.shape:
+                return value.indices  # checked when it was made, read-only and its own: no copy, no recheck
             value = value.indices
         array = _as_array(where, value, spec)
         try:
@@ -80,7 +96,7 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
         if array.dtype != spec.dtype:
             raise FeedError(
                 f"{where} expects element type {short_name(spec.dtype)}, got {array.dtype}; "
-                f"convert with .astype(...) first"
+                f"convert with {_conversion(fed, spec.dtype)} first"
             )
     else:
         array = _as_array(where, value, spec, spec.dtype)
@@ -91,6 +107,24 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
     array = np.array(array)
     array.flags.writeable = False
     return array
+
+
+def _host_value(where, value, spec):
+    """A torch tensor, jax array or DLPack exporter as NumPy (``element.host_array``); anything else as it is."""
+    try:
+        return host_array(value)
+    except (TypeError, ValueError, RuntimeError, BufferError) as error:  # a dtype NumPy lacks, a tracer, ...
+        raise FeedError(
+            f"{where} expects {list(spec.shape)} {short_name(spec.dtype)}; "
+            f"the fed {type(value).__name__} does not convert to a NumPy array: {error}"
+        ) from None
+
+
+def _conversion(fed, dtype) -> str:
+    """How the caller converts what they fed: ``.to(torch.float32)`` for a torch tensor, ``.astype(...)`` else."""
+    if type(fed).__module__.split(".")[0] == "torch":
+        return f".to(torch.{np.dtype(dtype).name})"
+    return ".astype(...)"
 
 
 def _as_array(where, value, spec, dtype=None) -> np.ndarray:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .copies import own
-from .element import convert
+from .element import convert, host_array
 from .errors import FeedError, SymbolError
 from .symbol import Family, Symbol
 
@@ -149,7 +149,7 @@ class Parameters:
     def _rebuilt(self, arrays) -> Parameters:
         checked = []
         for name, old, new in zip(self._names, self._arrays, arrays):
-            new = np.asarray(new)
+            new = np.asarray(host_array(new))
             if new.shape != old.shape:
                 raise FeedError(
                     f"parameter {name}: the update has shape {list(new.shape)}, "
@@ -235,7 +235,7 @@ def by_names(table: Parameters, source, strict: bool) -> Parameters:
             missing.append(name)
             arrays.append(initial)
             continue
-        array = np.asarray(named[name])
+        array = np.asarray(host_array(named[name]))  # torch or jax arrays too (bf16 bit for bit)
         if array.shape != initial.shape or array.dtype != initial.dtype:
             mismatched.append(
                 f"{name}: the source holds {list(array.shape)} {array.dtype}, "
