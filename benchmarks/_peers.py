@@ -38,6 +38,7 @@ class Peer:
     parameters: Callable[[object], dict]  # state -> {name: NumPy array}
     compile_seconds: float | None = None  # jax.jit: lower + compile; None for eager frameworks
     kernels: int | None = None  # jax.jit: kernels in the optimized entry computation
+    memory: dict | None = None  # jax.jit: XLA's memory analysis (argument, output, temp, alias bytes)
 
 
 # ---- the mathematics, once ------------------------------------------------------------------------
@@ -160,6 +161,12 @@ def jax_peer(workload: Workload) -> Peer:
         kernels = _count_kernels(compiled.as_text())
     except Exception:  # noqa: BLE001  (the text form is informational only)
         kernels = None
+    try:
+        analysis = compiled.memory_analysis()
+        memory = {"argument": analysis.argument_size_in_bytes, "output": analysis.output_size_in_bytes,
+                  "temp": analysis.temp_size_in_bytes, "alias": analysis.alias_size_in_bytes}
+    except Exception:  # noqa: BLE001  (a backend without the analysis: the column says so)
+        memory = None
 
     def step(state):
         state, loss = jitted(state, feeds)
@@ -169,7 +176,7 @@ def jax_peer(workload: Workload) -> Peer:
     return Peer(
         name="jax.jit", version=f"jax {jax.__version__}", start=start, step=step,
         loss=lambda loss: float(loss), parameters=lambda state: {k: np.asarray(v) for k, v in state.items()},
-        compile_seconds=seconds, kernels=kernels,
+        compile_seconds=seconds, kernels=kernels, memory=memory,
     )
 
 

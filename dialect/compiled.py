@@ -548,6 +548,19 @@ class CompiledPlan:
                     "reads; make the state with compiled.resident(state.to_host().carried(network))"
                 )
 
+    def device_memory(self) -> dict[str, int]:
+        """IREE's allocator statistics for this plan's device: bytes allocated, freed and the peak.
+
+        ``device_bytes_peak`` is the most device memory held at once since
+        the device was created; IREE shares one device per driver in a
+        process, so measure one model per process to read its own peak
+        (``benchmarks/memory.py`` does). Empty when the runtime was built
+        without statistics.
+        """
+        self._load()
+        allocator = self._device.allocator
+        return dict(allocator.statistics) if allocator.has_statistics else {}
+
     def __repr__(self) -> str:
         return f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments, {len(self.results)} results>"
 
