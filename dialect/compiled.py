@@ -548,6 +548,12 @@ class CompiledPlan:
                     "reads; make the state with compiled.resident(state.to_host().carried(network))"
                 )
 
+    def tally(self):
+        """Per scheduled node, the IREE dispatch that computes it (topos.backends.Dispatch; compiles to flow once)."""
+        from .tally import compiled_tally
+
+        return compiled_tally(self)
+
     def device_memory(self) -> dict[str, int]:
         """IREE's allocator statistics for this plan's device: bytes allocated, freed and the peak.
 

@@ -4,6 +4,7 @@
 (``topos.dialect``) is imported on demand.
 """
 
+from .backends import backends
 from .bisect import BisectReport, bisect
 from .differentiate import Adjoints, Field, Gradients
 from .drawing import Drawing, DrawingError, draw, plot_live_bytes
@@ -39,7 +40,7 @@ __all__ = [
     "DifferentiationError", "Drawing", "DrawingError", "Eager", "Entry", "FeedError", "Field",
     "GradientCheckError", "GradientReport", "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters",
     "Plan", "Recordable", "RecordingError", "Run", "SealedError", "Selection", "SelectionType", "ShapeError",
-    "Symbol", "SymbolError", "Tape", "ToposError", "Updates", "Value", "bfloat16", "bisect", "by_name",
+    "Symbol", "SymbolError", "Tape", "ToposError", "Updates", "Value", "backends", "bfloat16", "bisect", "by_name",
     "check_gradients", "checkpoint", "concat", "detach", "draw", "float32", "float64", "init", "nn", "optim",
     "plot_live_bytes", "selection", "sgd", "stack",
 ]

@@ -259,3 +259,25 @@ def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
     message = str(failure.value)
     assert f"%{loss.index} sum" in message
     assert f"test_compile.py:{line}" in message
+
+
+def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
+    def record(tape):
+        w = tape.parameter(np.ones((128, 128), np.float32))
+        x = tape.input(np.ones((16, 128), np.float32))
+        loss = (x @ w).tanh().sum()
+        return loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
+
+    network, (loss, updates) = Tape.record(record)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    before = compiled.device_memory()
+    if not before:
+        pytest.skip("this IREE runtime was built without allocator statistics")
+    state = compiled.resident(network.parameters())
+    after_upload = compiled.device_memory()
+    assert after_upload["device_bytes_allocated"] - before["device_bytes_allocated"] >= 128 * 128 * 4
+    state, run = compiled.step(state, {}, updates)
+    float(run[loss])
+    after_step = compiled.device_memory()
+    assert after_step["device_bytes_allocated"] - after_upload["device_bytes_allocated"] >= 128 * 128 * 4
+    assert after_step["device_bytes_peak"] >= after_step["device_bytes_allocated"] - after_step["device_bytes_freed"]

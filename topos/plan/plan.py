@@ -47,11 +47,19 @@ class Plan:
         position = {n: n if n not in group_of else group_of[n].root for n in self.schedule}
         last: dict[int, int] = {}
         for n in self.schedule:
+            rebuilt = group_of[n].recomputes if n in group_of else ()
             for j in network._operands[n]:
                 reader = position[n]
                 if j in group_of and group_of[j].root == reader and j != reader:
                     continue  # read inside its own group, not a live value
+                if j in rebuilt:
+                    continue  # the reader's group rebuilds it from the group's own inputs
                 last[j] = max(last.get(j, -1), reader)
+        for group in self._fusions:  # ... and reads those inputs at its root
+            for r in group.recomputes:
+                for j in network._operands[r]:
+                    if j not in group.recomputes:
+                        last[j] = max(last.get(j, -1), group.root)
         self._free_after: dict[int, list[int]] = {}
         for j, step in last.items():
             if j not in readable and not (j in group_of and group_of[j].root != j):
@@ -165,6 +173,12 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan {len(self.schedule)} of {len(self.network)} nodes, {self.numerics.value}>"
+
+    def tally(self):
+        """Per scheduled node, who serves it: a reference kernel, a fast kernel or a fused group (topos.backends)."""
+        from ..backends import plan_tally
+
+        return plan_tally(self)
 
     def digest(self) -> str:
         """sha256 of what this plan emits: its closure's structure and constants, and its results.
@@ -291,19 +305,33 @@ class Plan:
 _FOLDED = frozenset({"sum", "sum_along", "matmul", "scatter", "fold", "logsumexp", "log_softmax"})
 
 
+class Kernels:
+    """``kernel_of(n)``: node n's kernel under one posture, made once; ``numerics`` names the posture.
+
+    A group's executor gets this to run recorded nodes as the plan would,
+    and reads ``numerics`` where the posture picks its own path (a weight
+    gradient walks the reference's order under EXACT and calls BLAS per
+    kernel tap under FAST).
+    """
+
+    def __init__(self, network, numerics: Numerics):
+        self.network, self.numerics = network, numerics
+        self._made: dict[int, object] = {}
+
+    def __call__(self, n: int):
+        if n not in self._made:
+            network = self.network
+            self._made[n] = kernel_for(network._opcodes[n], dict(network._attributes[n]), self.numerics)
+        return self._made[n]
+
+
 def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics,
             fusions=(), free_after=None, wanted=None) -> Run:
     """Evaluate ``steps`` in order, running elected groups at their roots and freeing dead values."""
     bound_parameters = bind_parameters(network, parameters, wanted if wanted is not None else set(steps))
     bound_feeds = bind_feeds(network, feeds)
     roots = {g.root: g for g in fusions}
-    kernels: dict[int, object] = {}
-
-    def kernel_of(n):
-        if n not in kernels:
-            kernels[n] = kernel_for(network._opcodes[n], dict(network._attributes[n]), numerics)
-        return kernels[n]
-
+    kernel_of = Kernels(network, numerics)
     values: dict[int, np.ndarray] = {}
     with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
         _run_steps(values, network, steps, roots, kernel_of, bound_parameters, bound_feeds, free_after)

@@ -1,0 +1,140 @@
+"""Backend interrogation: which backends this machine has, and which one served each node of a run.
+
+``topos.backends()`` lists every backend with its status here:
+
+* ``oracle``: the reference kernels (``topos/reference.py``, ``refmath``),
+  always available; what ``network.forward`` and EXACT plans run;
+* ``numpy-fast``: the FAST posture's kernels (BLAS matmul, NumPy's native
+  math and sums), each with its declared envelope;
+* ``numpy-fused``: the NumPy executors of the fusion catalog's patterns
+  (a group run as one kernel);
+* one ``iree:<target>`` per IREE target: ``available`` (compiles and runs
+  here), ``compiled-only`` (compiles here, but this machine has no device
+  for its driver: the reason says why) or ``missing`` (the ``[mlir]``
+  extra is not installed).
+
+A *dispatch tally* says, per scheduled node, which backend and which
+kernel served it: ``plan.tally()`` for a NumPy plan (the reference
+kernel, a fast kernel, or the fused group that claimed it), and
+``compiled.tally()`` for an IREE module (the dispatch whose region holds
+the node's ops, read off the locations IREE keeps through its flow
+phase; a node no dispatch computes, such as a reshape IREE folds into
+its neighbours' indexing, is served by ``iree:<target>`` as ``(no
+dispatch)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend and its status on this machine."""
+
+    name: str
+    status: str  # "available", "compiled-only" or "missing"
+    detail: str  # what it is, or why it is not available
+
+    def __str__(self) -> str:
+        return f"{self.name:<18} {self.status:<14} {self.detail}"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Who served one node: the backend and the kernel (a function, a fused group, an IREE dispatch)."""
+
+    node: int
+    opcode: str
+    backend: str
+    kernel: str
+
+    def __str__(self) -> str:
+        return f"%{self.node:<5} {self.opcode:<14} {self.backend:<14} {self.kernel}"
+
+
+def backends() -> tuple[Backend, ...]:
+    """Every backend topos knows, with its status here (cheap: lists devices, creates none)."""
+    import numpy as np
+
+    from .plan.numerics import FAST_KERNELS
+    from .plan.patterns import CATALOG
+
+    found = [
+        Backend("oracle", "available", "reference kernels: the bits every other backend is graded against"),
+        Backend("numpy-fast", "available", f"NumPy {np.__version__}: {len(FAST_KERNELS)} fast kernels "
+                                           f"({', '.join(sorted(FAST_KERNELS)[:4])}, ...) within envelopes"),
+        Backend("numpy-fused", "available", "fusion executors: " + ", ".join(
+            p.kind for p in CATALOG if p.executes)),
+    ]
+    return tuple(found) + _iree_backends()
+
+
+def _iree_backends() -> tuple[Backend, ...]:
+    try:
+        import iree.compiler  # noqa: F401
+        import iree.runtime as rt
+
+        from .dialect.targets import TARGETS
+    except ImportError as error:
+        return (Backend("iree", "missing", f"the [mlir] extra is not installed ({error}): "
+                                           "pip install 'topos[mlir]'"),)
+    drivers = set(rt.query_available_drivers())
+    found = []
+    for target in TARGETS.values():
+        found.append(Backend(f"iree:{target.name}", *_driver_status(rt, drivers, target.driver)))
+    return tuple(found)
+
+
+def _driver_status(rt, drivers: set, driver: str) -> tuple[str, str]:
+    if driver not in drivers:
+        return "compiled-only", f"driver {driver!r} is not in this IREE runtime build"
+    try:
+        devices = rt.get_driver(driver).query_available_devices()
+    except Exception as error:  # noqa: BLE001  (the driver's own reason: a missing libcuda, say)
+        return "compiled-only", f"driver {driver!r}: {_first_line(error)}"
+    if not devices:
+        return "compiled-only", f"driver {driver!r} finds no device"
+    names = ", ".join(d.get("name") or d.get("path") or str(d.get("device_id")) for d in devices)
+    return "available", f"driver {driver!r}: {names}"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.split(";", 1)[-1].strip() if ";" in text else text
+
+
+def plan_tally(plan) -> tuple[Dispatch, ...]:
+    """Per scheduled node: the backend and kernel a NumPy plan runs for it."""
+    from .plan import Numerics
+    from .plan.numerics import FAST_KERNELS
+
+    network = plan.network
+    group_of = {n: (k, g) for k, g in enumerate(plan.fusions()) for n in g.nodes}
+    tally = []
+    for n in plan.schedule:
+        opcode = network._opcodes[n]
+        if opcode.is_source:
+            tally.append(Dispatch(n, opcode.name, "source", "the caller's table, a feed or a leaf"))
+        elif n in group_of:
+            k, group = group_of[n]
+            tally.append(Dispatch(n, opcode.name, "numpy-fused", f"G{k} {group.kind} (root %{group.root})"))
+        else:
+            key = f"map:{dict(network._attributes[n])['function']}" if opcode.name == "map" else opcode.name
+            fast = plan.numerics is Numerics.FAST and key in FAST_KERNELS
+            tally.append(Dispatch(n, opcode.name, "numpy-fast" if fast else "oracle",
+                                  FAST_KERNELS[key][1].note if fast else f"reference {key}"))
+    return tuple(tally)
+
+
+def describe_tally(tally) -> str:
+    """The tally one line per node, then the count per backend."""
+    lines = [str(d) for d in tally]
+    counts: dict[str, int] = {}
+    for d in tally:
+        counts[d.backend] = counts.get(d.backend, 0) + 1
+    lines.append("served: " + ", ".join(f"{b} {c}" for b, c in counts.items()))
+    return "\n".join(lines)
+
+
+__all__ = ["Backend", "Dispatch", "backends", "describe_tally", "plan_tally"]
