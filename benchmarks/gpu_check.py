@@ -13,14 +13,17 @@ five minutes there). It first checks that ``iree.runtime`` has a working
    the declared envelope per opcode. The table's envelopes were measured
    on llvm-cpu (and vulkan on Mesa lavapipe); a CUDA failure here is the
    evidence for a ``TARGET_TABLES["cuda"]`` entry or a new divergence.
-2. Benchmark: one SGD step of a 784-128-10 MLP (batch 64, float32) with
-   parameters resident on the device, on the target and on llvm-cpu, and
-   the NumPy FAST plan of the loss and gradients (one BLAS thread) for
-   scale; median milliseconds per step. It never asserts timings.
+2. Benchmark: one step of every model of docs/performance.md (MLP
+   784-128-10 and 784-1024-1024-10, the 2-block GPT, makemore's MLP and
+   transformer, a LeNet loss-and-gradients step, GPT-2 124M forward at
+   T=128; float32) with parameters resident on the device, on the target
+   and on llvm-cpu, and the NumPy FAST plan for scale; median
+   milliseconds per step and compile seconds. It never asserts timings.
 
 Exit status: 0 when every node conforms (or no device), 1 otherwise.
 
 Run: python benchmarks/gpu_check.py [--target cuda] [--families map,linear] [--dtypes f32,bf16] [--steps N]
+     [--models mlp-s,gpt,...]
 (``--target vulkan`` or ``llvm-cpu`` runs the same check where those work.)
 """
 
@@ -99,26 +102,72 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
 
 
 # ---- 2. benchmark -----------------------------------------------------------------------------
+#
+# Every model of docs/performance.md: what the step does and how it is built. Each builder returns
+# (network, roots, feeds, updates, loss); a step with updates runs as compiled.step with the
+# parameters resident, one without (LeNet's loss and gradients, GPT-2's forward) as a resident
+# step that updates nothing.
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (HERE, os.path.join(HERE, "..", "examples"), os.path.join(HERE, "..", "examples", "gpt2")):
+    sys.path.insert(0, _path)
 
 
-def _mlp(batch: int = 64, sizes=(784, 128, 10), seed: int = 0):
-    rng = np.random.default_rng(seed)
+def _gpt_workload(build):
+    workload = build()
+    return (workload.trained, workload.updates.roots(workload.loss), workload.feeds, workload.updates,
+            workload.loss)
 
-    def model(tape):
-        x = tape.input(rng.standard_normal((batch, sizes[0])).astype(np.float32))
-        labels = tape.input(topos.selection(rng.integers(0, sizes[2], batch), sizes[2]))
-        w1 = tape.parameter((rng.standard_normal(sizes[:2]) / np.sqrt(sizes[0])).astype(np.float32))
-        b1 = tape.parameter(np.zeros(sizes[1], np.float32))
-        w2 = tape.parameter((rng.standard_normal(sizes[1:]) / np.sqrt(sizes[1])).astype(np.float32))
-        hidden = (x @ w1 + b1.broadcast_along(0, batch)).tanh()
-        logits = hidden @ w2
-        picked = tape.leaf(np.eye(sizes[2], dtype=np.float32)).gather(labels)
-        loss = -(logits.log_softmax(1) * picked).sum() / float(batch)
-        adjoints = tape.differentiate(loss, [w1, b1, w2])
-        return x, labels, loss, adjoints, topos.sgd(tape, adjoints, 0.05)
 
-    network, (x, labels, loss, adjoints, updates) = Tape.record(model)
-    return network, x, labels, loss, adjoints, updates
+def _makemore(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"makemore_{name}", os.path.join(
+        HERE, "..", "examples", "makemore", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from series import windows  # examples/makemore is on sys.path once the example is loaded
+
+    args = module.command_line().parse_args([])
+    names, (xs, ys), _, picks = windows(args, args.context)
+    rows = picks[0]
+    if name == "mlp":
+        network, (loss, updates) = module.recorder(names, args, args.batch, "sgd")
+        feeds = {"context": xs[rows], "next": ys[rows]}
+    else:  # the transformer's targets are one per position, flat (examples/makemore/transformer.py)
+        network, (loss, updates, _, _) = module.recorder(names, args)
+        feeds = {"context": xs[rows], "next": module.targets(names, xs, ys)[rows].reshape(-1)}
+    return network, updates.roots(loss), feeds, updates, loss
+
+
+def _lenet():
+    from _models import conv_net
+
+    model = conv_net(batch=32, channels=1, side=28, filters=6)
+    feeds = {network_input: value for network_input, value in model.feeds.items()}
+    return model.trained, model.adjoints.roots(), feeds, topos.Updates(()), model.loss
+
+
+def _gpt2_forward():
+    from gpt2 import Config, record_generation
+
+    config = Config.preset("124M")
+    network, generation = record_generation(config, batch=1, length=128, seed=0, draw=True)
+    tokens = np.array(topos.init.Generator(1).integers((1, 128), 0, config.vocabulary))
+    return (network, [generation.prefill_logits], {generation.tokens: tokens}, topos.Updates(()),
+            generation.prefill_logits)
+
+
+def _models() -> dict:
+    from _gpt import mlp_m, mlp_s, small_gpt
+
+    return {"mlp-s": lambda: _gpt_workload(mlp_s), "mlp-m": lambda: _gpt_workload(mlp_m),
+            "gpt": lambda: _gpt_workload(small_gpt), "makemore-mlp": lambda: _makemore("mlp"),
+            "makemore-transformer": lambda: _makemore("transformer"), "lenet": _lenet,
+            "gpt2-124m-forward": _gpt2_forward}
+
+
+MODELS = ("mlp-s", "mlp-m", "gpt", "makemore-mlp", "makemore-transformer", "lenet", "gpt2-124m-forward")
 
 
 def _median_ms(run, steps: int) -> float:
@@ -132,33 +181,41 @@ def _median_ms(run, steps: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def benchmark(target: str, steps: int) -> None:
-    network, x, labels, loss, adjoints, updates = _mlp()
-    feeds = {x: network.payload(x), labels: network.payload(labels)}
+def benchmark(target: str, steps: int, models=MODELS) -> None:
+    """One step of every model on ``target`` and on llvm-cpu, parameters resident; the NumPy FAST plan for scale."""
+    builders = _models()
     rows = []
-    losses = {}
-    for name in dict.fromkeys([target, "llvm-cpu"]):
-        started = time.perf_counter()
-        compiled = network.entry(updates.roots(loss)).lower().compile(name, cache=False)
-        seconds = time.perf_counter() - started
-        state = [compiled.resident(network.parameters())]
+    for model in models:
+        network, roots, feeds, updates, loss = builders[model]()
+        parameters = network.parameters()
+        cells = [model]
+        for name in dict.fromkeys([target, "llvm-cpu"]):
+            started = time.perf_counter()
+            try:
+                compiled = network.entry(roots).lower().compile(name, cache=False)
+            except topos.ToposError as error:
+                cells += [f"refused: {str(error).splitlines()[0][:50]}", "-"]
+                continue
+            seconds = time.perf_counter() - started
+            state = [compiled.resident(parameters)]
 
-        def one_step(compiled=compiled, state=state):
-            state[0], run = compiled.step(state[0], feeds, updates)
-            return run
+            def one_step(compiled=compiled, state=state):
+                state[0], run = compiled.step(state[0], feeds, updates)
+                return float(np.asarray(run[loss]).reshape(-1)[0])
 
-        losses[name] = float(compiled.step(compiled.resident(network.parameters()), feeds, updates)[1][loss])
-        rows.append([f"IREE {name} (resident)", f"{_median_ms(one_step, steps):.3f}", f"{seconds:.2f}"])
-    plan = network.entry(adjoints.roots(), numerics=Numerics.FAST).lower()
-    parameters = network.parameters()
-    rows.append(["NumPy FAST plan (loss and gradients)",
-                 f"{_median_ms(lambda: plan.forward(parameters, feeds), steps):.3f}", "-"])
-    oracle = float(network.forward(network.parameters(), feeds)[loss])
-    base = float(rows[0][1])
-    for row in rows:
-        row.append(f"{float(row[1]) / base:.2f}")
-    print(table(["MLP 784-128-10, batch 64, one SGD step", "median ms", "compile s", f"ratio to {target}"], rows))
-    print("first-step loss: " + ", ".join(f"{k} {v:.7g}" for k, v in losses.items()) + f", oracle {oracle:.7g}")
+            cells += [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}"]
+        if model != "gpt2-124m-forward":  # a 124M-weight NumPy forward takes seconds a call
+            plan = network.entry(roots, numerics=Numerics.FAST).lower()
+            cells.append(f"{_median_ms(lambda plan=plan: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}")
+        else:
+            cells.append("-")
+        rows.append(cells)
+    header = ["model (one step, float32)", f"{target} ms", f"{target} compile s"]
+    if target != "llvm-cpu":
+        header += ["llvm-cpu ms", "llvm-cpu compile s"]
+    print(table(header + ["NumPy FAST plan ms"], rows))
+    print("jax.jit on the same device: run benchmarks/compiled.py (its peers) where jax has that device's "
+          "plugin; this script needs only topos and IREE")
 
 
 def main(argv=None) -> int:
@@ -166,7 +223,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--families", default=",".join(conformance_cases.FAMILIES))
     parser.add_argument("--dtypes", default="f32,f64,bf16")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"benchmark models (default all: {', '.join(MODELS)})")
     args = parser.parse_args(argv)
     chosen = find_target(args.target)
     problem = device_problem(chosen.driver)
@@ -188,7 +246,7 @@ def main(argv=None) -> int:
     print(f"\nconformance: {'all nodes conform' if not failures else f'{failures} unexplained failures'} "
           f"({time.perf_counter() - started:.0f} s)\n")
     print("2. benchmark")
-    benchmark(chosen.name, args.steps)
+    benchmark(chosen.name, args.steps, [m for m in args.models.split(",") if m])
     print(f"\ngpu_check: done in {time.perf_counter() - started:.0f} s")
     return 1 if failures else 0
 
