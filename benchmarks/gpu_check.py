@@ -45,7 +45,7 @@ import numpy as np
 from _timing import table  # noqa: E402
 
 import topos
-from topos import Numerics, Tape
+from topos import Numerics
 from topos.dialect import conformance_cases
 from topos.dialect.targets import target as find_target
 
