@@ -1,11 +1,11 @@
 """Forward mode (JVP) as a reading of the spec: dual numbers replayed with Opcode.express.
 
 topos has reverse mode built in. Forward mode needs no support from the
-core: a payload class that speaks the recordable vocabulary (``Dual``
-below) is replayed over a sealed network node by node, and every opcode
-computes a primal and a tangent. The primal comes from the opcode itself
-(``opcode.express``), so its bits are the oracle's; the tangent comes from
-a small per-opcode JVP rule written in this file.
+core: ``topos.forward_mode`` replays a sealed network node by node over a
+``Dual`` payload, and every opcode computes a primal and a tangent. The
+primal comes from the opcode itself (``opcode.express``), so its bits are
+the oracle's; the tangent comes from the opcode's JVP rule
+(``topos.forward_mode.TANGENT_RULES``). This file is a user of that module.
 
 Three checks, printed by ``main()``:
 
@@ -32,183 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 
-import topos
-from topos import Tape
-from topos.recordable import Eager
-
-# ---- the payload -------------------------------------------------------------------------------------
+from topos import Tape, forward_mode
+from topos.forward_mode import Dual, replay
 
 
-class Dual(topos.Recordable):
-    """A (primal, tangent) pair of payloads; a tangent of None is an exact zero.
-
-    The two halves are themselves recordable payloads: ``Eager`` arrays give
-    an eager JVP; tape ``Value``s record the JVP as nodes. The rules below
-    only use the recordable vocabulary, so they serve both.
-    """
-
-    __slots__ = ("primal", "tangent")
-
-    def __init__(self, primal, tangent=None):
-        self.primal = primal
-        self.tangent = tangent
-
-    @property
-    def shape(self):
-        return self.primal.shape
-
-    @property
-    def dtype(self):
-        return self.primal.dtype
-
-    def _express(self, opcode, operands, attributes):
-        primals = [o.primal for o in operands]
-        out = opcode.express(primals, attributes)  # the opcode's own bits
-        tangents = [o.tangent for o in operands]
-        return Dual(out, TANGENT_RULES[opcode.name](primals, tangents, out, **attributes))
-
-    def _constant(self, array):
-        return Dual(self.primal._constant(array))  # a constant's tangent is zero
-
-
-# ---- JVP rules: the tangent of each opcode's output --------------------------------------------------
-
-
-def _plus(*terms):
-    """Sum of the terms that are not None (None when all are)."""
-    present = [t for t in terms if t is not None]
-    if not present:
-        return None
-    total = present[0]
-    for t in present[1:]:
-        total = total + t
-    return total
-
-
-def _times(tangent, factor):
-    return None if tangent is None else tangent * factor
-
-
-def _neg(tangent):
-    return None if tangent is None else -tangent
-
-
-def _linear(name):
-    """A linear opcode pushes the tangent through itself (a selection operand stays primal)."""
-
-    def rule(primals, tangents, out, **attributes):
-        if tangents[0] is None:
-            return None
-        return topos.by_name(name).express([tangents[0], *primals[1:]], attributes)
-
-    return rule
-
-
-MAP_TANGENTS = {  # function -> (x, out, tangent) -> tangent of f(x)
-    "exp": lambda x, out, t: t * out,
-    "log": lambda x, out, t: t / x,
-    "sqrt": lambda x, out, t: t / (out + out),
-    "tanh": lambda x, out, t: t * (1 - out * out),
-    "sin": lambda x, out, t: t * x.cos(),
-    "cos": lambda x, out, t: -(t * x.sin()),
-    "log1p": lambda x, out, t: t / (1 + x),
-    "expm1": lambda x, out, t: t * (out + 1),
-    "erf": lambda x, out, t: t * x.erf_derivative(),
-    "erf_derivative": lambda x, out, t: -(t * (x + x) * out),
-}
-
-
-def _divided(tangent, divisor):
-    return None if tangent is None else tangent / divisor
-
-
-def _maximum(p, t, out):
-    left = p[0].step(p[1])  # ties go left, as in the opcode
-    return _plus(_times(t[0], left), _times(t[1], 1 - left))
-
-
-def _log_softmax(p, t, out, axis):
-    if t[0] is None:
-        return None
-    mean = (out.exp() * t[0]).sum_along(axis).broadcast_along(axis, p[0].shape[axis])
-    return t[0] - mean  # d log_softmax = t - sum(softmax * t)
-
-
-def _logsumexp(p, t, out, axis):
-    if t[0] is None:
-        return None
-    softmax = (p[0] - out.broadcast_along(axis, p[0].shape[axis])).exp()
-    return (softmax * t[0]).sum_along(axis)
-
-
-TANGENT_RULES = {
-    "add": lambda p, t, out: _plus(t[0], t[1]),
-    "sub": lambda p, t, out: _plus(t[0], _neg(t[1])),
-    "neg": lambda p, t, out: _neg(t[0]),
-    "mul": lambda p, t, out: _plus(_times(t[0], p[1]), _times(t[1], p[0])),
-    "div": lambda p, t, out: _divided(_plus(t[0], _neg(_times(t[1], out))), p[1]),
-    "pow": lambda p, t, out: _plus(
-        _times(t[0], p[1] * p[0] ** (p[1] - 1)),
-        None if t[1] is None else t[1] * out * p[0].log(),  # no log(a) unless the exponent moves
-    ),
-    "maximum": _maximum,
-    "step": lambda p, t, out: None,  # piecewise constant
-    "map": lambda p, t, out, function: (
-        None if t[0] is None else MAP_TANGENTS[function](p[0], out, t[0])
-    ),
-    "matmul": lambda p, t, out: _plus(
-        None if t[0] is None else t[0] @ p[1], None if t[1] is None else p[0] @ t[1]
-    ),
-    "log_softmax": _log_softmax,
-    "logsumexp": _logsumexp,
-    **{
-        name: _linear(name)
-        for name in (
-            "sum", "sum_along", "broadcast", "broadcast_along", "reshape", "permute",
-            "narrow", "pad", "unfold", "fold", "gather", "scatter",
-        )
-    },
-}
-
-
-# ---- the replay --------------------------------------------------------------------------------------
-
-
-def replay(network, source):
-    """Walk the spec in recording order; ``source(node)`` gives each source's Dual."""
-    values = {}
-    for node in network.nodes():
-        if node.is_source:
-            values[node.index] = source(node)
-        else:
-            operands = [values[s.index] for s in node.operands]
-            values[node.index] = node.opcode.express(operands, node.attributes)
-    return values
-
-
-def jvp(network, parameters, tangents, target, feeds=None):
-    """Replay with Duals: (every node's Dual, target's value, target's directional derivative).
-
-    ``tangents`` maps parameters (or inputs) to the direction; other sources get zero.
-    """
-    feeds = feeds or {}
-
-    def source(node):
-        if node.opcode.name == "parameter":
-            array = parameters[node.symbol]
-        elif node.opcode.name == "input":
-            array = feeds.get(node.symbol, network.payload(node.symbol))
-        else:
-            array = network.payload(node.symbol)
-        tangent = tangents.get(node.symbol)
-        if tangent is None:
-            return Dual(Eager(array, node.dtype))
-        return Dual(Eager(array, node.dtype), Eager(np.asarray(tangent, node.dtype)))
-
-    values = replay(network, source)
-    out = values[target.index]
-    zero = np.zeros(out.shape, out.dtype)
-    return values, out.primal.array, zero if out.tangent is None else out.tangent.array
+def jvp(network, parameters, tangents, target):
+    """(the run, the target's value, the target's directional derivative along ``tangents``)."""
+    run, derivatives = forward_mode.jvp(network, parameters, None, tangents)
+    return run, run[target], derivatives[target]
 
 
 # ---- the demonstrations ------------------------------------------------------------------------------
@@ -236,7 +67,7 @@ def mlp(activation, rng):
         adjoints = tape.differentiate(loss, [w1, b1, w2, b2])
         # reverse over reverse: the gradient contracted with the directions, differentiated
         terms = [(g * tape.leaf(d)).sum() for g, d in zip(adjoints.gradients, directions)]
-        hvp = tape.differentiate(_plus(*terms), [w1, b1, w2, b2])
+        hvp = tape.differentiate(sum(terms[1:], terms[0]), [w1, b1, w2, b2])
         return [w1, b1, w2, b2], loss, adjoints, hvp
 
     network, (weights, loss, adjoints, hvp) = Tape.record(model)
@@ -268,7 +99,7 @@ def main() -> dict:
     results = {}
 
     network, weights, loss, adjoints, hvp, tangents = mlp(lambda z: z.relu(), rng)
-    values, value, forward = jvp(network, network.parameters(), tangents, loss)
+    _, _, forward = jvp(network, network.parameters(), tangents, loss)
     backward = reverse_dot(network, weights, loss, tangents)
     results["dyadic"] = (float(forward), backward)
     print("forward mode as a reading of the spec (float64)")
@@ -276,8 +107,8 @@ def main() -> dict:
           f"bitwise equal: {float(forward) == backward}")
 
     # The tangent of each recorded gradient node is a Hessian-vector product.
-    run = network.forward(network.parameters())
-    over_reverse = [values[g.index].tangent.array for g in adjoints.gradients]
+    run, derivatives = forward_mode.jvp(network, network.parameters(), None, tangents)
+    over_reverse = [derivatives[g] for g in adjoints.gradients]
     reverse_reverse = [run[h] for h in hvp.gradients]
     same = all(np.array_equal(a, b) for a, b in zip(over_reverse, reverse_reverse))
     results["hvp"] = (over_reverse, reverse_reverse)

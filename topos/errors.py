@@ -42,7 +42,7 @@ class SealedError(AtTheUsersLine, RuntimeError):
 
 
 class DifferentiationError(AtTheUsersLine, ValueError):
-    """A derivative was asked for something reverse mode cannot differentiate."""
+    """A derivative was asked for something its mode cannot give (a non-scalar loss, a tangent on a leaf, ...)."""
 
 
 class RecordingError(AtTheUsersLine, RuntimeError):

@@ -46,8 +46,8 @@ class Opcode:
     name: ClassVar[str]
     arity: ClassVar[int]
     attribute_names: ClassVar[tuple[str, ...]] = ()
-    # Which payloads the derivative rule reads: operand positions and/or OUTPUT.
-    # Plans keep exactly these alive for a backward pass.
+    # Which payloads the derivative rule reads: operand positions and/or OUTPUT. The
+    # checkpointed backward (topos.recompute) hands a rule exactly these, so a missing one fails.
     READS: ClassVar[frozenset] = frozenset()
 
     @property

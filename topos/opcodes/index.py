@@ -14,6 +14,7 @@ class Gather(Opcode):
 
     name = "gather"
     arity = 2
+    READS = frozenset({1})  # the rule scatters by the selection (the table's shape is in its spec)
 
     def infer(self, table: Spec, selection: Spec) -> Spec:
         element_operand(table, "table")
@@ -45,6 +46,7 @@ class Scatter(Opcode):
     name = "scatter"
     arity = 2
     attribute_names = ("extent",)
+    READS = frozenset({1})  # the rule gathers by the selection
 
     def infer(self, values: Spec, selection: Spec, extent) -> Spec:
         element_operand(values, "values")

@@ -1,0 +1,203 @@
+"""A backward scan that keeps only segment boundaries and recomputes the rest: gradients in less memory.
+
+``network.forward`` followed by ``run.backward`` holds every forward value
+of the run and every cotangent of the scan until the scan returns: for a
+deep chain, two arrays per node. This is another reading of the same spec
+and the same derivative rules, known elsewhere as gradient checkpointing or
+rematerialization (a topos *checkpoint* is a parameters file,
+``topos.checkpoint``, so this module says *boundaries*):
+
+1. The target's ancestors are cut, in recording order, into segments of
+   ``segment`` computed nodes. A *boundary* is a value that a later segment
+   reads.
+2. A forward sweep evaluates the ancestors and keeps only the boundaries
+   (and the target); every other value is dropped after its last reader.
+3. The backward scan visits the segments from the last to the first. It
+   recomputes a segment from the boundaries before it, runs the rules of
+   the segment's nodes in reverse recording order, then drops the segment.
+   A cotangent is dropped once its node's rule has run.
+4. A rule is handed only the forward values its opcode's ``reads()``
+   declares; in every other position it gets a stand-in that knows its
+   shape and element type and refuses arithmetic. Recomputed values no rule
+   reads are dropped at once, and a ``reads()`` that leaves out something
+   its rule uses fails here, by name.
+
+The rules run in the same order, on the same bits, with the same
+accumulation order as in ``run.backward`` (the contract in
+``topos/differentiate.py``), and the reference kernels are deterministic,
+so the gradients are bit-identical. The price is a second forward
+evaluation of every segment; with the default segment of about sqrt(n)
+nodes a chain of n nodes holds O(sqrt(n)) values at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .copies import own
+from .differentiate import varying
+from .errors import DifferentiationError
+from .interpret import bind_feeds, bind_parameters, source_value
+from .opcodes import OUTPUT
+from .parameters import Parameters
+from .recordable import Eager, Recordable
+
+
+def backward(network, parameters, feeds, target, *, segment: int | None = None) -> tuple[np.ndarray, Parameters]:
+    """The target's value and its gradients (a Parameters table), holding only segment boundaries.
+
+    The same values as ``run.backward(target).parameters(parameters)`` after
+    ``run = network.forward(parameters, feeds)``, bit for bit. ``segment``
+    is how many computed nodes each recomputed segment holds (default:
+    about the square root of the target's computed ancestors).
+    """
+    t = network.check(target, "target")
+    spec = network._specs[t]
+    if spec.shape != ():
+        raise DifferentiationError(
+            f"backward needs a rank-0 target, but {target!r} has shape {list(spec.shape)} "
+            f"(recorded at {network._sites[t]}); reduce it with .sum() or .mean() first"
+        )
+    bound_parameters = bind_parameters(network, parameters)
+    bound_feeds = bind_feeds(network, feeds)
+    ancestors = sorted(network.entry([target]).closure())
+    opcodes = network._opcodes
+    values = {  # sources are the caller's arrays: always at hand, never dropped
+        i: source_value(network, i, bound_parameters, bound_feeds) for i in ancestors if opcodes[i].is_source
+    }
+    steps = [i for i in ancestors if not opcodes[i].is_source]
+    segments = _segments(steps, segment)
+    boundaries = _boundaries(network, segments)
+    flows = varying(network)
+    read = _read_by_rules(network, steps, flows)
+
+    _sweep(network, steps, values, hold=boundaries | {t})
+    value = values[t]
+    cotangents: dict[int, Any] = {t: Eager(_ones(spec))}
+    for nodes in reversed(segments):
+        _sweep(network, nodes, values, hold=boundaries | read)
+        for i in reversed(nodes):
+            g = cotangents.pop(i, None)
+            if g is not None and flows[i]:
+                _apply_rule(network, i, g, values, cotangents, flows)
+        for i in nodes:
+            values.pop(i, None)
+    gradients = []
+    for symbol in parameters.symbols():
+        c = cotangents.get(symbol.index)
+        slot = network._specs[symbol.index]
+        gradients.append((symbol, np.zeros(slot.shape, slot.dtype) if c is None else c.array))
+    return own(value), parameters._like(gradients)
+
+
+def _apply_rule(network, i: int, g, values, cotangents, flows) -> None:
+    """Run node i's rule on the values it reads and add each contribution as it arrives."""
+    opcode, operands = network._opcodes[i], network._operands[i]
+    attributes = dict(network._attributes[i])
+    declared = opcode.reads(**attributes)
+
+    def argument(position, j):
+        if position in declared or network._opcodes[j].is_source:
+            return Eager(values[j], network._specs[j].dtype)
+        return _Unread(opcode, position, network._specs[j])
+
+    arguments = [argument(k, j) for k, j in enumerate(operands)]
+    contributions = opcode.rule(*arguments, argument(OUTPUT, i), g, **attributes)
+    for j, c in zip(operands, contributions):
+        if c is None or not flows[j]:
+            continue
+        if network._opcodes[j].is_source and network._opcodes[j].name != "parameter":
+            continue  # an input's gradient is not asked for: do not hold it
+        previous = cotangents.get(j)
+        cotangents[j] = c if previous is None else previous + c
+
+
+def _sweep(network, nodes, values, hold) -> None:
+    """Evaluate ``nodes`` (ascending) into ``values``; drop each after its last reader there unless held.
+
+    A node already in ``values`` (a boundary kept by the forward sweep) is
+    not computed again.
+    """
+    opcodes, operands, attributes = network._opcodes, network._operands, network._attributes
+    last = {}
+    for i in nodes:
+        for j in operands[i]:
+            last[j] = i
+    with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, as in the oracle
+        for i in nodes:
+            if i not in values:
+                out = np.asarray(opcodes[i].kernel(*(values[j] for j in operands[i]), **dict(attributes[i])))
+                out.flags.writeable = False
+                values[i] = out
+            for j in {i, *operands[i]}:
+                if last.get(j, i) == i and j not in hold and not opcodes[j].is_source:
+                    values.pop(j, None)
+
+
+def _segments(steps: list[int], segment: int | None) -> list[list[int]]:
+    if segment is None:
+        segment = max(1, math.isqrt(len(steps)))
+    if not isinstance(segment, int) or isinstance(segment, bool) or segment < 1:
+        raise ValueError(f"segment must be a positive number of nodes, got {segment!r}")
+    return [steps[k : k + segment] for k in range(0, len(steps), segment)]
+
+
+def _boundaries(network, segments) -> set[int]:
+    """The computed values some later segment reads."""
+    home = {i: s for s, nodes in enumerate(segments) for i in nodes}
+    return {
+        j
+        for s, nodes in enumerate(segments)
+        for i in nodes
+        for j in network._operands[i]
+        if home.get(j, s) < s
+    }
+
+
+def _read_by_rules(network, steps, flows) -> set[int]:
+    """The computed values some rule on the gradient's path declares it reads (``Opcode.reads``)."""
+    read = set()
+    for i in steps:
+        if flows[i]:
+            for position in network._opcodes[i].reads(**dict(network._attributes[i])):
+                read.add(i if position == OUTPUT else network._operands[i][position])
+    return read
+
+
+def _ones(spec) -> np.ndarray:
+    array = np.ones(spec.shape, dtype=spec.dtype)
+    array.flags.writeable = False
+    return array
+
+
+class _Unread(Recordable):
+    """A forward value a rule did not declare in ``reads()``: its shape and element type, no data."""
+
+    __slots__ = ("_opcode", "_position", "shape", "dtype")
+
+    def __init__(self, opcode, position, spec):
+        self._opcode, self._position = opcode, position
+        self.shape, self.dtype = spec.shape, spec.dtype
+
+    def _refuse(self):
+        what = "its output" if self._position == OUTPUT else f"operand {self._position}"
+        return RuntimeError(
+            f"the derivative rule of {self._opcode.name} used {what}, which "
+            f"{self._opcode.name}.reads() does not declare; add it to the opcode's READS "
+            "in topos/opcodes/ (a plan or a recomputing backward would not keep it)"
+        )
+
+    def _express(self, opcode, operands, attributes):
+        raise self._refuse()
+
+    def _constant(self, array):
+        raise self._refuse()
+
+    def __getattr__(self, name):  # an array's attribute (a kernel reading the stand-in's data)
+        raise self._refuse()
+
+
+__all__ = ["backward"]
