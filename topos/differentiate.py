@@ -188,12 +188,17 @@ def backward(run, target) -> Gradients:
             "or use tape.vjp with an explicit seed"
         )
     specs = network._specs
+    posture = run._backward is not None and run._backward.index == t
 
     def payload(i):
         if i not in run._values:
+            if posture:  # freed because no rule declares it reads it: a stand-in that refuses use
+                from .recompute import Unread
+
+                return Unread(network, i)
             raise SymbolError(
-                f"the backward scan needs %{i}, which this run did not keep; "
-                "run the whole spec or declare it"
+                f"the backward scan needs %{i}, which this run did not keep; run the whole spec, or "
+                f"declare the backward posture (network.entry(roots, backward={target!r}))"
             )
         return Eager(run._values[i], specs[i].dtype)
 

@@ -261,11 +261,16 @@ class Network:
 
         return interpret(self, parameters, feeds, wanted=None)
 
-    def entry(self, roots, observe=(), numerics=None):
-        """Declare an export: what runs may read (roots, observes) and how they compute."""
+    def entry(self, roots, observe=(), numerics=None, backward=None):
+        """Declare an export: what runs may read (roots, observes) and how they compute.
+
+        ``backward=loss`` declares the backward posture: runs will be
+        differentiated by ``run.backward(loss)``, so a plan keeps exactly what
+        the derivative rules on the loss's path read, and frees the rest.
+        """
         from .plan import Entry, Numerics
 
-        return Entry(self, roots, observe, Numerics.FAST if numerics is None else numerics)
+        return Entry(self, roots, observe, Numerics.FAST if numerics is None else numerics, backward)
 
     def emit_mlir(self, entry=None, debug_info: bool = True) -> str:
         """The topos-dialect text of ``entry``'s closure (default: every node, sinks as results)."""

@@ -72,7 +72,7 @@ def backward(network, parameters, feeds, target, *, segment: int | None = None) 
     segments = _segments(steps, segment)
     boundaries = _boundaries(network, segments)
     flows = varying(network)
-    read = _read_by_rules(network, steps, flows)
+    read = rule_reads(network, steps, flows)
 
     _sweep(network, steps, values, hold=boundaries | {t})
     value = values[t]
@@ -157,11 +157,16 @@ def _boundaries(network, segments) -> set[int]:
     }
 
 
-def _read_by_rules(network, steps, flows) -> set[int]:
-    """The computed values some rule on the gradient's path declares it reads (``Opcode.reads``)."""
+def rule_reads(network, nodes, flows=None) -> set[int]:
+    """The computed values the derivative rules of ``nodes`` (those on a gradient's path) declare they read.
+
+    What a backward-posture plan keeps (``Entry.kept``), and what this
+    module's backward holds while a segment's rules run.
+    """
+    flows = varying(network) if flows is None else flows
     read = set()
-    for i in steps:
-        if flows[i]:
+    for i in nodes:
+        if not network._opcodes[i].is_source and flows[i]:
             for position in network._opcodes[i].reads(**dict(network._attributes[i])):
                 read.add(i if position == OUTPUT else network._operands[i][position])
     return read
@@ -200,4 +205,27 @@ class _Unread(Recordable):
         raise self._refuse()
 
 
-__all__ = ["backward"]
+class Unread(_Unread):
+    """A value a backward-posture plan freed, handed to the scan: it names the consumers whose reads() miss it.
+
+    The scan passes every operand to a rule without saying which rule, so
+    the message lists the node's consumers instead.
+    """
+
+    __slots__ = ("_network", "_node")
+
+    def __init__(self, network, node: int):
+        super().__init__(network._opcodes[node], OUTPUT, network._specs[node])
+        self._network, self._node = network, node
+
+    def _refuse(self):
+        network, i = self._network, self._node
+        readers = ", ".join(f"%{c} {network._opcodes[c].name}" for c in network.consumers()[i]) or "none"
+        return RuntimeError(
+            f"a derivative rule read %{i} ({network._opcodes[i].name}, recorded at {network._sites[i]}), "
+            f"which the backward-posture plan freed because no reads() on the path declares it "
+            f"(its consumers: {readers}); add it to that opcode's READS in topos/opcodes/"
+        )
+
+
+__all__ = ["Unread", "backward", "rule_reads"]

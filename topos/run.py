@@ -11,12 +11,13 @@ from .errors import SymbolError
 class Run:
     """The result of one forward execution: ``run[symbol]`` is a read-only array."""
 
-    __slots__ = ("_network", "_values", "_readable")
+    __slots__ = ("_network", "_values", "_readable", "_backward")
 
-    def __init__(self, network, values: dict[int, np.ndarray], readable=None):
+    def __init__(self, network, values: dict[int, np.ndarray], readable=None, backward=None):
         self._network = network
         self._values = values
         self._readable = readable  # None: every node may be read
+        self._backward = backward  # the target its entry's backward posture declared, or None
 
     @property
     def network(self):

@@ -15,9 +15,10 @@ class Entry:
     value happens to exist (rule 2).
     """
 
-    __slots__ = ("network", "roots", "observes", "numerics", "_readable", "_closure")
+    __slots__ = ("network", "roots", "observes", "numerics", "backward", "_readable", "_closure", "_kept")
 
-    def __init__(self, network, roots: Sequence, observe: Sequence = (), numerics: Numerics = Numerics.FAST):
+    def __init__(self, network, roots: Sequence, observe: Sequence = (), numerics: Numerics = Numerics.FAST,
+                 backward=None):
         if not isinstance(numerics, Numerics):
             raise TypeError(f"numerics must be Numerics.EXACT or Numerics.FAST, got {numerics!r}")
         roots = _symbols(roots)
@@ -37,6 +38,10 @@ class Entry:
                 ordered.append(s.index)
         self._readable = tuple(ordered)
         self._closure: frozenset[int] | None = None
+        self._kept: frozenset[int] | None = None
+        # The backward posture: runs will be differentiated by the backward scan from this target,
+        # so a plan keeps what the derivative rules on its path read (their reads() contracts).
+        self.backward = None if backward is None else _backward_target(network, backward)
 
     @property
     def results(self) -> tuple:
@@ -48,7 +53,7 @@ class Entry:
         if self._closure is None:
             operands = self.network._operands
             seen: set[int] = set()
-            stack = list(self._readable)
+            stack = list(self._readable) + ([self.backward.index] if self.backward is not None else [])
             while stack:
                 n = stack.pop()
                 if n in seen:
@@ -58,12 +63,29 @@ class Entry:
             self._closure = frozenset(seen)
         return self._closure
 
+    def kept(self) -> frozenset[int]:
+        """What a plan of this entry keeps to the end of a run: the results, and under the backward
+        posture the target and every value a derivative rule on its path reads (``Opcode.reads``)."""
+        if self._kept is None:
+            kept = set(self._readable)
+            if self.backward is not None:
+                from ..recompute import rule_reads
+
+                t = self.backward.index
+                ancestors = sorted(self.network.entry([self.backward]).closure())
+                kept |= {t} | rule_reads(self.network, ancestors)
+            self._kept = frozenset(kept)
+        return self._kept
+
     def interpret(self, parameters, feeds=None):
-        """Evaluate only the closure, with this entry's posture, and return a Run of the declared results."""
+        """Evaluate only the closure, with this entry's posture, and return a Run of the declared results.
+
+        Under the backward posture the run's ``backward(target)`` works too.
+        """
         from .plan import execute
 
         return execute(self.network, sorted(self.closure()), frozenset(self._readable), parameters,
-                       feeds, self.numerics, fusions=(), free_after=None)
+                       feeds, self.numerics, fusions=(), free_after=None, backward=self.backward)
 
     def lower(self):
         """Derive the Plan: schedule, liveness, elected fusions."""
@@ -72,8 +94,9 @@ class Entry:
         return Plan(self)
 
     def __repr__(self) -> str:
+        posture = f", backward={self.backward!r}" if self.backward is not None else ""
         return (f"Entry(roots={list(self.roots)}, observe={list(self.observes)}, "
-                f"numerics=Numerics.{self.numerics.name})")
+                f"numerics=Numerics.{self.numerics.name}{posture})")
 
     def _repr_html_(self) -> str:
         from ..display import entry_card  # the Jupyter card, loaded only when a notebook asks
@@ -85,3 +108,17 @@ def _symbols(values) -> list:
     if hasattr(values, "symbol") or not isinstance(values, (list, tuple)):
         values = [values]
     return [v.symbol if hasattr(v, "symbol") else v for v in values]
+
+
+def _backward_target(network, target):
+    from ..errors import DifferentiationError
+
+    (symbol,) = _symbols([target])
+    t = network.check(symbol, "backward target")
+    shape = network._specs[t].shape
+    if shape != ():
+        raise DifferentiationError(
+            f"backward= names the target the backward scan differentiates, a rank-0 loss; {symbol!r} has "
+            f"shape {list(shape)} (recorded at {network._sites[t]}): reduce it with .sum() or .mean() first"
+        )
+    return network.symbol(t)

@@ -33,7 +33,7 @@ class Plan:
         network = self.network = entry.network
         self.numerics = entry.numerics
         wanted = entry.closure()
-        readable = frozenset(entry._readable)
+        readable = entry.kept()  # results, and under the backward posture what the rules read
         self._view = StructureView(network, wanted, readable)
         self._candidates = discover(self._view)
         self._fusions = elect(self._candidates, self._home_supports)
@@ -78,7 +78,8 @@ class Plan:
     def forward(self, parameters, feeds=None) -> Run:
         """Run the plan -> a Run whose readable symbols are the entry's results."""
         return execute(self.network, self._steps, frozenset(self.entry._readable), parameters, feeds,
-                       self.numerics, self._fusions, self._free_after, wanted=self.entry.closure())
+                       self.numerics, self._fusions, self._free_after, wanted=self.entry.closure(),
+                       backward=self.entry.backward)
 
     # -- reading the plan --------------------------------------------------------------------
     @property
@@ -107,6 +108,13 @@ class Plan:
         node, peak = max(self._series, key=lambda s: s[1]) if self._series else (-1, 0)
         return peak, node
 
+    def release_floor(self) -> int:
+        """Bytes of computed values the plan keeps to the end of a run (the results, and under the
+        backward posture what the derivative rules read): what the forward hands on, and the least
+        a run holds once it is done."""
+        return sum(_nbytes(self.network._specs[n]) for n in self.entry.kept()
+                   if not self.network._opcodes[n].is_source)
+
     def retain_all_bytes(self) -> int:
         """Bytes a run holds if it frees nothing (the oracle's footprint for this closure)."""
         return sum(_nbytes(self.network._specs[n]) for n in self.schedule
@@ -127,7 +135,8 @@ class Plan:
     def liveness(self) -> dict[int, str]:
         """Each scheduled node's fate, as describe and topos.draw print it.
 
-        ``kept (result k)``, ``freed after N`` (the last step that reads it),
+        ``kept (result k)``, ``kept (read by the backward scan)`` under the
+        backward posture, ``freed after N`` (the last step that reads it),
         ``fused into Gk`` (never materialised), or ``unread``; a group's root
         adds ``; Gk = kind of n nodes``.
         """
@@ -140,6 +149,8 @@ class Plan:
                 label = f"fused into G{numbers[group.root]}"
             elif n in results:
                 label = f"kept (result {results[n]})"
+            elif n in self.entry.kept() and not self.network._opcodes[n].is_source:
+                label = "kept (read by the backward scan)"
             elif n in self._last_reader:
                 label = f"freed after {self._last_reader[n]}"
             else:
@@ -169,6 +180,14 @@ class Plan:
             kinds = ", ".join(sorted({g.kind for g in self._fusions}))
             lines.append(f"fused: {plural(len(self._fusions), 'group')} covering {fused} nodes ({kinds})")
         lines.append(f"live bytes: peak {peak} at node {at}, retain-all {retain}")
+        if self.entry.backward is not None:
+            from .entry import Entry
+
+            entry = self.entry
+            alone = Entry(network, entry.roots, entry.observes, entry.numerics).lower().peak()[0]
+            kept = [n for n in entry.kept() if not network._opcodes[n].is_source]
+            lines.append(f"backward posture (target %{entry.backward.index}): keeps {plural(len(kept), 'value')} "
+                         f"for the scan, release floor {self.release_floor()}; forward-only peak {alone}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -326,7 +345,7 @@ class Kernels:
 
 
 def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics,
-            fusions=(), free_after=None, wanted=None) -> Run:
+            fusions=(), free_after=None, wanted=None, backward=None) -> Run:
     """Evaluate ``steps`` in order, running elected groups at their roots and freeing dead values."""
     bound_parameters = bind_parameters(network, parameters, wanted if wanted is not None else set(steps))
     bound_feeds = bind_feeds(network, feeds)
@@ -335,7 +354,7 @@ def execute(network, steps: Sequence[int], readable, parameters, feeds, numerics
     values: dict[int, np.ndarray] = {}
     with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
         _run_steps(values, network, steps, roots, kernel_of, bound_parameters, bound_feeds, free_after)
-    return Run(network, values, readable=readable)
+    return Run(network, values, readable=readable, backward=backward)
 
 
 def _run_steps(values, network, steps, roots, kernel_of, bound_parameters, bound_feeds, free_after):
