@@ -24,6 +24,7 @@ from .network import Network, Node
 from .opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
 from .parameters import Parameters
 from .plan import Candidate, Entry, Numerics, Plan
+from .plan.numerics import Fidelity, exactly, posture, register_kernel, unregister_kernel
 from .recordable import Eager, Recordable, concat, stack
 from .run import Run
 from .symbol import Symbol
@@ -37,10 +38,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "BisectReport", "Candidate", "CheckpointError",
-    "DifferentiationError", "Drawing", "DrawingError", "Eager", "Entry", "FeedError", "Field",
+    "DifferentiationError", "Drawing", "DrawingError", "Eager", "Entry", "FeedError", "Fidelity", "Field",
     "GradientCheckError", "GradientReport", "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters",
     "Plan", "Recordable", "RecordingError", "Run", "SealedError", "Selection", "SelectionType", "ShapeError",
     "Symbol", "SymbolError", "Tape", "ToposError", "Updates", "Value", "backends", "bfloat16", "bisect", "by_name",
-    "check_gradients", "checkpoint", "concat", "detach", "draw", "float32", "float64", "init", "nn", "optim",
-    "plot_live_bytes", "selection", "sgd", "stack",
+    "check_gradients", "checkpoint", "concat", "detach", "draw", "exactly", "float32", "float64", "init", "nn", "optim",
+    "plot_live_bytes", "posture", "register_kernel", "selection", "sgd", "stack", "unregister_kernel",
 ]

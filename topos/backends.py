@@ -106,8 +106,7 @@ def _first_line(error: Exception) -> str:
 
 def plan_tally(plan) -> tuple[Dispatch, ...]:
     """Per scheduled node: the backend and kernel a NumPy plan runs for it."""
-    from .plan import Numerics
-    from .plan.numerics import FAST_KERNELS
+    from .plan.numerics import FAST_KERNELS, REGISTERED, Fidelity, kernel_key
 
     network = plan.network
     group_of = {n: (k, g) for k, g in enumerate(plan.fusions()) for n in g.nodes}
@@ -120,8 +119,13 @@ def plan_tally(plan) -> tuple[Dispatch, ...]:
             k, group = group_of[n]
             tally.append(Dispatch(n, opcode.name, "numpy-fused", f"G{k} {group.kind} (root %{group.root})"))
         else:
-            key = f"map:{dict(network._attributes[n])['function']}" if opcode.name == "map" else opcode.name
-            fast = plan.numerics is Numerics.FAST and key in FAST_KERNELS
+            key = kernel_key(opcode.name, dict(network._attributes[n]))
+            registered = REGISTERED.get(key)
+            if registered is not None and plan.numerics.accepts(registered[1]):
+                tally.append(Dispatch(n, opcode.name, "registered", f"{getattr(registered[0], '__name__', key)} "
+                                                                   f"({registered[1].value})"))
+                continue
+            fast = plan.numerics.accepts(Fidelity.ENVELOPE) and key in FAST_KERNELS
             tally.append(Dispatch(n, opcode.name, "numpy-fast" if fast else "oracle",
                                   FAST_KERNELS[key][1].note if fast else f"reference {key}"))
     return tuple(tally)

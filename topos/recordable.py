@@ -405,7 +405,7 @@ class Eager(Recordable):
     def _express(self, opcode, operands, attributes):
         arrays = [o.array if isinstance(o, Eager) else o for o in operands]
         with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
-            out = np.asarray(opcode.kernel(*arrays, **attributes))
+            out = np.asarray(direct_kernel(opcode, attributes)(*arrays))
         out.flags.writeable = False
         return Eager(out)
 
@@ -423,3 +423,18 @@ def eager(x) -> Eager:
 
 def uneager(x) -> np.ndarray:
     return x.array if isinstance(x, Eager) else x
+
+
+def direct_kernel(opcode, attributes):
+    """The kernel a direct payload call runs: the reference, unless ``topos.posture`` says otherwise.
+
+    The posture and the registered kernels live in ``topos.plan.numerics``;
+    it is imported here, at the first call, because the plan package
+    imports this module.
+    """
+    from .plan.numerics import REGISTERED, Numerics, current_posture, kernel_for
+
+    chosen = current_posture()
+    if chosen is Numerics.EXACT and not REGISTERED:
+        return lambda *arrays: opcode.kernel(*arrays, **attributes)
+    return kernel_for(opcode, dict(attributes), chosen)

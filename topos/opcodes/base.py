@@ -73,7 +73,8 @@ class Opcode:
     def express(self, operands, attributes=None):
         """Run this opcode on arrays, or record it on a tape, depending on the payload.
 
-        Arrays go through the reference kernel and give the oracle's bits;
+        Arrays go through the reference kernel and give the oracle's bits
+        (inside ``with topos.posture(Numerics.FAST):`` a fast kernel may serve);
         tape Values record one node; any other payload that speaks the
         recordable vocabulary (for example a dual number) handles it itself.
         """
@@ -85,8 +86,10 @@ class Opcode:
             raise TypeError(f"{self.name} takes {self.arity} operands, got {len(operands)}")
         first = operands[0]
         if isinstance(first, np.ndarray) or np.isscalar(first):
+            from ..recordable import direct_kernel  # topos.posture picks the kernel (reference by default)
+
             arrays = tuple(np.asarray(x) for x in operands)
-            return self.kernel(*arrays, **attributes)
+            return direct_kernel(self, attributes)(*arrays)
         return first._express(self, operands, attributes)
 
     def vjp(self, operands, output, seed, attributes=None):

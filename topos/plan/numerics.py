@@ -9,6 +9,8 @@ postures.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +20,59 @@ import numpy as np
 from ..element import compute_type, round_to
 
 
+class Fidelity(enum.Enum):
+    """What a kernel promises about its bits, against the reference kernel of the node it serves.
+
+    ``IDENTICAL``: the reference's bits (the reference itself, or a kernel
+    checked to give them); ``COMPOSED``: bit-identical parts run in the
+    composition's order (a fusion executor walking the same IEEE
+    operations), so the same bits; ``ENVELOPE``: within a declared
+    ``Envelope`` (BLAS, native math, another summation order).
+    """
+
+    IDENTICAL = "bit-identical"
+    COMPOSED = "composed of bit-identical parts"
+    ENVELOPE = "within an envelope"
+
+
 class Numerics(enum.Enum):
     """How a plan may compute: EXACT (the oracle's bits) or FAST (within a declared envelope)."""
 
     EXACT = "exact"
     FAST = "fast"
+
+    def accepts(self, fidelity: Fidelity) -> bool:
+        """EXACT accepts only kernels that give the reference's bits; FAST accepts every fidelity."""
+        return self is Numerics.FAST or fidelity is not Fidelity.ENVELOPE
+
+
+_POSTURE: contextvars.ContextVar[Numerics] = contextvars.ContextVar("topos_posture", default=Numerics.EXACT)
+
+
+@contextlib.contextmanager
+def posture(numerics: Numerics):
+    """Within the block, direct payload calls (``Opcode.express`` on arrays, Eager arithmetic) compute
+    under ``numerics``: EXACT (the default) runs reference kernels, FAST may run the fast ones.
+
+    Plans carry their own posture (``network.entry(..., numerics=)``); this
+    is the same choice for code that calls opcodes on arrays itself.
+    """
+    if not isinstance(numerics, Numerics):
+        raise TypeError(f"posture takes Numerics.EXACT or Numerics.FAST, got {numerics!r}")
+    token = _POSTURE.set(numerics)
+    try:
+        yield numerics
+    finally:
+        _POSTURE.reset(token)
+
+
+def exactly():
+    """``with topos.exactly():`` direct payload calls give the oracle's bits (the default, made explicit)."""
+    return posture(Numerics.EXACT)
+
+
+def current_posture() -> Numerics:
+    return _POSTURE.get()
 
 
 @dataclass(frozen=True)
@@ -132,16 +182,89 @@ def _in_compute_binary(fn, a, b):
     return round_to(fn(a.astype(work, copy=False), b.astype(work, copy=False)), a.dtype)
 
 
+# Kernels users register (register_kernel): opcode key -> (kernel, fidelity), tried before the
+# built-in fast kernels; every one was checked against the reference when it was registered.
+REGISTERED: dict[str, tuple[Callable, Fidelity]] = {}
+
+
+def kernel_key(opcode_name: str, attributes) -> str:
+    return f"map:{attributes['function']}" if opcode_name == "map" else opcode_name
+
+
 def kernel_for(opcode, attributes: dict, numerics: Numerics) -> Callable:
-    """The kernel a plan runs for one node under a posture."""
-    if numerics is Numerics.FAST:
-        key = f"map:{attributes['function']}" if opcode.name == "map" else opcode.name
-        fast = FAST_KERNELS.get(key)
-        if fast is not None:
-            kernel = fast[0]
-            extra = {k: v for k, v in attributes.items() if k != "function"}
-            return lambda *arrays: kernel(*arrays, **extra)
+    """The kernel a plan runs for one node under a posture: the first whose fidelity the posture accepts.
+
+    A registered kernel first, then the built-in fast kernel (fidelity
+    ENVELOPE), then the reference kernel (IDENTICAL, accepted by both).
+    """
+    key = kernel_key(opcode.name, attributes)
+    extra = {k: v for k, v in attributes.items() if k != "function"}
+    registered = REGISTERED.get(key)
+    if registered is not None and numerics.accepts(registered[1]):
+        chosen = registered[0]
+        return lambda *arrays: chosen(*arrays, **extra)
+    fast = FAST_KERNELS.get(key)
+    if fast is not None and numerics.accepts(Fidelity.ENVELOPE):
+        kernel = fast[0]
+        return lambda *arrays: kernel(*arrays, **extra)
     return lambda *arrays: opcode.kernel(*arrays, **attributes)
+
+
+def register_kernel(opcode_name: str, kernel: Callable, fidelity: Fidelity, *, examples,
+                    envelope: Envelope | None = None, function: str | None = None) -> None:
+    """Offer ``kernel`` to serve ``opcode_name`` (``function`` for map) wherever a posture accepts ``fidelity``.
+
+    ``examples`` is a list of ``(operands, attributes)``; the kernel runs on
+    each beside the reference kernel before it is accepted: a kernel that
+    declares IDENTICAL or COMPOSED must give the reference's bits on every
+    one, and an ENVELOPE kernel must stay inside ``envelope``. A kernel that
+    does not keep its promise is refused with the first example it failed.
+    """
+    from ..errors import ToposError
+    from ..opcodes import by_name
+
+    opcode = by_name(opcode_name)
+    key = f"map:{function}" if opcode_name == "map" else opcode_name
+    if not isinstance(fidelity, Fidelity):
+        raise ToposError(f"register_kernel: fidelity must be a topos Fidelity, got {fidelity!r}")
+    if fidelity is Fidelity.ENVELOPE and envelope is None:
+        raise ToposError(f"register_kernel: the {key} kernel declares ENVELOPE fidelity: give its envelope=")
+    if not examples:
+        raise ToposError(f"register_kernel: the {key} kernel needs examples to be checked against the reference")
+    for k, (operands, attributes) in enumerate(examples):
+        attributes = dict(attributes or {})
+        if function is not None:
+            attributes["function"] = function
+        arrays = [np.asarray(o) for o in operands]
+        want = np.asarray(opcode.kernel(*arrays, **attributes))
+        got = np.asarray(kernel(*arrays, **{a: v for a, v in attributes.items() if a != "function"}))
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise ToposError(f"register_kernel: the {key} kernel gave {list(got.shape)} {got.dtype} on example {k}, "
+                             f"the reference {list(want.shape)} {want.dtype}")
+        if fidelity is not Fidelity.ENVELOPE:
+            got_bytes = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(got.size, -1)
+            want_bytes = np.ascontiguousarray(want).reshape(-1).view(np.uint8).reshape(want.size, -1)
+            if not np.array_equal(got_bytes, want_bytes):
+                differ = int(np.any(got_bytes != want_bytes, axis=1).sum())
+                raise ToposError(
+                    f"register_kernel: the {key} kernel declares {fidelity.value} fidelity, but on example {k} "
+                    f"{differ} of {want.size} elements differ from the reference kernel's bits; declare "
+                    "Fidelity.ENVELOPE with its envelope, or fix the kernel")
+        else:
+            wide_got, wide_want = got.astype(np.float64), want.astype(np.float64)
+            eps = float(np.finfo(np.float32 if want.dtype.itemsize < 4 else want.dtype).eps)
+            scale = (accumulation_scale(opcode_name, attributes, arrays) if envelope.accumulates
+                     else np.abs(wide_want))
+            bound = envelope.ulps * eps * scale + np.finfo(np.float64).tiny
+            if not np.all((np.abs(wide_got - wide_want) <= bound) | (np.isnan(wide_got) & np.isnan(wide_want))):
+                raise ToposError(f"register_kernel: the {key} kernel leaves its envelope ({envelope.ulps:g} ulps) "
+                                 f"on example {k}")
+    REGISTERED[key] = (kernel, fidelity)
+
+
+def unregister_kernel(opcode_name: str, function: str | None = None) -> None:
+    """Remove the kernel registered for ``opcode_name`` (``function`` for map); the built-ins serve again."""
+    REGISTERED.pop(f"map:{function}" if opcode_name == "map" else opcode_name, None)
 
 
 def envelope_for(opcode_name: str, function: str | None = None) -> Envelope | None:
@@ -151,4 +274,5 @@ def envelope_for(opcode_name: str, function: str | None = None) -> Envelope | No
     return None if fast is None else fast[1]
 
 
-__all__ = ["Envelope", "FAST_KERNELS", "Numerics", "accumulation_scale", "envelope_for", "kernel_for"]
+__all__ = ["Envelope", "FAST_KERNELS", "Fidelity", "Numerics", "REGISTERED", "accumulation_scale", "current_posture",
+           "envelope_for", "exactly", "kernel_for", "posture", "register_kernel", "unregister_kernel"]

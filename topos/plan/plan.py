@@ -70,7 +70,7 @@ class Plan:
     # -- election --------------------------------------------------------------------------
     def _home_supports(self, candidate: Candidate) -> bool:
         chosen = pattern(candidate.kind)
-        if self.numerics is Numerics.EXACT and not chosen.bit_identical:
+        if not self.numerics.accepts(chosen.fidelity):  # EXACT: only groups that keep the composition's bits
             return False
         return chosen.executes
 

@@ -19,6 +19,14 @@ class Candidate:
     reason: str
     bytes_saved: int  # temporaries the group never materializes
     details: Mapping[str, Any] = field(default_factory=dict)
+    # Nodes outside the claim that the executor rebuilds from the group's own
+    # inputs instead of reading them (another group's interior, typically):
+    # a weight gradient recomputes the forward convolution's windows.
+    recomputes: tuple[int, ...] = ()
+    # Interior nodes that nodes outside the group read, with those readers.
+    # Each reader must be claimed by an elected group that recomputes the
+    # node; otherwise the node would have to exist, and this offer is not elected.
+    lends: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def interior(self) -> tuple[int, ...]:
@@ -28,12 +36,23 @@ class Candidate:
 class StructureView:
     """The frozen structure as a matcher sees it: the wanted closure, what is declared, who reads what."""
 
-    def __init__(self, network, wanted: frozenset[int], readable: frozenset[int]):
+    def __init__(self, network, wanted: frozenset[int], readable: frozenset[int],
+                 recomputed: Mapping[int, frozenset[int]] | None = None):
         self.network = network
         self.wanted = wanted
         self.readable = readable
         consumers = network.consumers()
         self.consumers = {n: tuple(c for c in consumers[n] if c in wanted) for n in wanted}
+        # node -> the readers of it that some offer recomputes it for (see ``lent``)
+        self.recomputed: Mapping[int, frozenset[int]] = recomputed or {}
+
+    def recomputing(self, recomputed: Mapping[int, frozenset[int]]) -> StructureView:
+        """The same structure, told which readers of which nodes some offer recomputes them for."""
+        view = StructureView.__new__(StructureView)
+        view.network, view.wanted, view.readable, view.consumers = (
+            self.network, self.wanted, self.readable, self.consumers)
+        view.recomputed = recomputed
+        return view
 
     def opcode(self, n: int) -> str:
         return self.network._opcodes[n].name
@@ -64,6 +83,26 @@ class StructureView:
             for n in interior
         )
 
+    def lent(self, root: int, interior) -> dict[int, tuple[int, ...]] | None:
+        """``closed``, except that a reader outside may recompute what it reads -> what is lent, or None.
+
+        An interior node may be read outside the group only by readers that
+        an offer recomputes it for (``Candidate.recomputes``); those are
+        returned as the candidate's ``lends``, which election checks. Any
+        other outside reader, or a declared interior node, makes it None.
+        """
+        group = set(interior) | {root}
+        lends: dict[int, tuple[int, ...]] = {}
+        for n in interior:
+            if n not in self.wanted or n in self.readable:
+                return None
+            outside = set(self.consumers[n]) - group
+            if not outside <= self.recomputed.get(n, frozenset()):
+                return None
+            if outside:
+                lends[n] = tuple(sorted(outside))
+        return lends
+
 
 class Pattern:
     """A matcher over the frozen structure, plus how the NumPy plan executes a match."""
@@ -71,6 +110,13 @@ class Pattern:
     kind: str = ""
     bit_identical: bool = True  # the home executor reproduces the composition's bits
     executes: bool = True  # False for raise-only patterns (served by emission, not by NumPy)
+
+    @property
+    def fidelity(self):
+        """COMPOSED when the home executor walks the composition's IEEE operations in order, else ENVELOPE."""
+        from ..numerics import Fidelity
+
+        return Fidelity.COMPOSED if self.bit_identical else Fidelity.ENVELOPE
 
     def discover(self, view: StructureView) -> list[Candidate]:
         """Every match in the wanted closure; by default, ``_match`` tried at each node as a root."""
