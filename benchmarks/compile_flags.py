@@ -1,0 +1,111 @@
+"""What each IREE flag costs at compile time and buys at run time: the first-compile budget, measured.
+
+For the training steps of benchmarks/compiled.py (MLP 784-128-10, the
+2-block GPT; float32, SGD), the step's StableHLO is compiled (no cache)
+under topos's flags and under each variant below, and the module is timed
+on the same arguments (device copies, one core, IREE local-sync): median
+compile seconds over ``--repeats`` compiles, median step milliseconds.
+jax.jit's lower + compile of the same step is the reference the issue sets
+(first compile within 1.5x of it). Nothing is asserted.
+
+Variants (each added to, or replacing in, topos's llvm-cpu flags):
+
+* ``no const-eval``   --iree-opt-const-eval=false (no JIT of constant expressions)
+* ``O1``              --iree-opt-level=O1
+* ``codegen O1``      --iree-llvmcpu-mlir-opt-level=O1
+* ``generic cpu``     --iree-llvmcpu-target-cpu=generic instead of host
+* ``no source map``   --iree-vm-bytecode-module-strip-source-map=true --iree-llvmcpu-debug-symbols=false
+
+Run: python benchmarks/compile_flags.py [--models mlp-s,gpt] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PINNED_CPU = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {PINNED_CPU})
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpt import mlp_s, small_gpt  # noqa: E402
+from _timing import table  # noqa: E402
+
+VARIANTS = {
+    "topos flags": ((), ()),
+    "no const-eval": (("--iree-opt-const-eval=false",), ()),
+    "O1": (("--iree-opt-level=O1",), ()),
+    "codegen O1": (("--iree-llvmcpu-mlir-opt-level=O1",), ()),
+    "generic cpu": (("--iree-llvmcpu-target-cpu=generic",), ("--iree-llvmcpu-target-cpu=host",)),
+    "no source map": (("--iree-vm-bytecode-module-strip-source-map=true", "--iree-llvmcpu-debug-symbols=false"), ()),
+}
+MODELS = {"mlp-s": mlp_s, "gpt": small_gpt}
+
+
+def step_ms(vmfb: bytes, arguments, steps: int = 50) -> float:
+    import iree.runtime as rt
+
+    config = rt.Config("local-sync")
+    context = rt.SystemContext(config=config)
+    module = rt.VmModule.copy_buffer(context.instance, vmfb)
+    context.add_vm_module(module)
+    function = context.modules[module.name]["main"]
+    on_device = [rt.asdevicearray(config.device, np.asarray(a)) for a in arguments]
+    for _ in range(5):
+        function(*on_device)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        function(*on_device)
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    from topos.dialect.compiled import compile_stablehlo
+
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--models", default=",".join(MODELS))
+    options.add_argument("--repeats", type=int, default=2)
+    args = options.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        workload = MODELS[name]()
+        plan = workload.trained.entry(workload.updates.roots(workload.loss)).lower()
+        compiled = plan.compile("llvm-cpu", cache=False)
+        text, base = compiled.stablehlo, list(compiled.flags)
+        arguments = compiled._arguments(workload.parameters, workload.feeds)
+        try:
+            from _peers import jax_peer
+
+            jax_seconds = jax_peer(workload).compile_seconds
+        except ImportError:
+            jax_seconds = None
+        for variant, (added, removed) in VARIANTS.items():
+            keys = {flag.split("=")[0] for flag in added}
+            flags = [f for f in base if f not in removed and f.split("=")[0] not in keys] + list(added)
+            seconds, vmfb = [], b""
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                vmfb = compile_stablehlo(text, flags)
+                seconds.append(time.perf_counter() - started)
+            compile_s = statistics.median(seconds)
+            ratio = f"{compile_s / jax_seconds:.2f}" if jax_seconds else "absent (no jax)"
+            rows.append([workload.name[:24], variant, f"{compile_s:.2f}", ratio, f"{step_ms(vmfb, arguments):.3f}"])
+        rows.append([workload.name[:24], "jax.jit lower + compile",
+                     f"{jax_seconds:.2f}" if jax_seconds else "absent", "1.00", ""])
+    print(table(["model", "flags", "compile s", "over jax.jit", "step ms"], rows))
+
+
+if __name__ == "__main__":
+    main()
