@@ -29,7 +29,16 @@ from .passes import OptionError, PassFailure, register_pass
 
 # Offers the emission consumer can serve: ones with a named StableHLO op.
 # Elementwise chains are left to IREE, which forms its own dispatch regions.
-RAISABLE = ("convolution", "max_pool", "batch_norm_training", "batch_norm_inference")
+RAISABLE = ("convolution", "convolution_weight_gradient", "convolution_input_gradient", "max_pool",
+            "max_pool_gradient", "batch_norm_training", "batch_norm_inference")
+# What topos-elect takes when not told otherwise: every raisable kind but the
+# convolution gradients. Their stablehlo.convolution runs slower on IREE 3.13's
+# llvm-cpu than the composition's im2col matmuls (without IREE's img2col
+# preprocessing; docs/performance.md), and since the forward convolution lends
+# its im2col matrix to the weight gradient, a training step then keeps the
+# composition for both. Name them in kinds= to raise them.
+ELECTED_BY_DEFAULT = tuple(k for k in RAISABLE
+                           if k not in ("convolution_weight_gradient", "convolution_input_gradient"))
 
 
 def _i64(value: int) -> ir.Attribute:
@@ -162,7 +171,7 @@ def fuse_pass(module) -> None:
 
 
 @register_pass("topos-elect", "Elect the fusion offers emission can serve (first wins, no node twice)")
-def elect_pass(module, *, kinds: str = ",".join(RAISABLE)) -> None:
+def elect_pass(module, *, kinds: str = ",".join(ELECTED_BY_DEFAULT)) -> None:
     """Mark elected groups: topos.fusion_group on every claimed op, topos.fusion_kind on the root."""
     if "topos.offers" not in list(_topos_ops(module)[0].attributes):
         raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")

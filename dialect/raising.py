@@ -9,14 +9,38 @@ or ``stablehlo.batch_norm_training`` / ``_inference`` — the form IREE's
 own kernels recognise. The group's interior ops, now unread, are erased;
 everything else is left for ``topos-lower-to-stablehlo``.
 
+A training step adds the recorded gradients: a convolution's weight
+gradient and input gradient become ``stablehlo.convolution`` too (the
+batch contracted; the kernel reversed with dY dilated by the stride),
+and a max-pool's gradient keeps its recorded rules, fed lanes recomputed
+from the input, with each lane's gradient placed by strided pads in the
+folds' order. A lent interior (the im2col matrix, a pool's lanes) loses
+its last reader only when the gradient that recomputes it is raised, so
+the erasing waits until every group is raised.
+
 Like the reference, bfloat16 groups compute in float32 and round once.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from iree.compiler import ir
 
-from .lowering import _constant, _convert, _create, _element, _reshape, _tensor, _widened
+from .lowering import (
+    _binary,
+    _constant,
+    _convert,
+    _create,
+    _element,
+    _maximum_of,
+    _one,
+    _pad,
+    _reshape,
+    _shape,
+    _slice,
+    _tensor,
+    _widened,
+)
 from .passes import PassFailure, register_pass
 from .plan_passes import RAISABLE, _plan, _topos_ops
 
@@ -44,6 +68,37 @@ class _Result:
         self.result = result
 
 
+def _padding(pairs) -> ir.Attribute:
+    """A convolution's ((low, high), (low, high)) padding as the i64 tensor StableHLO wants."""
+    return ir.DenseElementsAttr.get(np.array(pairs, dtype="int64"),
+                                    type=_tensor((2, 2), ir.IntegerType.get_signless(64)))
+
+
+def _conv(lhs: ir.Value, rhs: ir.Value, shape, numbers: str, *, strides=(1, 1), padding=((0, 0), (0, 0)),
+          lhs_dilation=(1, 1), rhs_dilation=(1, 1)) -> ir.Value:
+    """One ``stablehlo.convolution`` (no feature or batch groups) with dimension numbers ``numbers``."""
+    i64 = ir.IntegerType.get_signless(64)
+    return _create(
+        "stablehlo.convolution", [lhs, rhs], _tensor(shape, _element(lhs)),
+        {
+            "dimension_numbers": ir.Attribute.parse(f"#stablehlo.conv<{numbers}>"),
+            "window_strides": ir.DenseI64ArrayAttr.get(list(strides)),
+            "padding": _padding(padding),
+            "lhs_dilation": ir.DenseI64ArrayAttr.get(list(lhs_dilation)),
+            "rhs_dilation": ir.DenseI64ArrayAttr.get(list(rhs_dilation)),
+            "feature_group_count": ir.IntegerAttr.get(i64, 1),
+            "batch_group_count": ir.IntegerAttr.get(i64, 1),
+        },
+    ).result
+
+
+def _crop(x: ir.Value, axis: int, start: int, length: int) -> ir.Value:
+    """``length`` elements of ``axis`` from ``start``: a slice, or ``x`` itself when that is all of it."""
+    if start == 0 and length == _shape(x)[axis]:
+        return x
+    return _slice(x, axis, start, start + length)
+
+
 def _convolution(candidate, ops) -> dict[int, ir.Value]:
     d = candidate.details
     x = _widened(_value(ops, d["input"]))
@@ -52,27 +107,65 @@ def _convolution(candidate, ops) -> dict[int, ir.Value]:
     kh, kw = d["kernel_size"]
     batch, _, oh, ow = d["out_shape"]
     kernel = _reshape(kernel, (channels, kh, kw, filters))
-    (top, bottom), (left, right) = d["padding"]
-    padding = ir.DenseElementsAttr.get(
-        __import__("numpy").array([[top, bottom], [left, right]], dtype="int64"),
-        type=_tensor((2, 2), ir.IntegerType.get_signless(64)),
-    )
-    i64 = ir.IntegerType.get_signless(64)
-    out = _create(
-        "stablehlo.convolution", [x, kernel], _tensor((batch, oh, ow, filters), _element(x)),
-        {
-            "dimension_numbers": ir.Attribute.parse("#stablehlo.conv<[b, f, 0, 1]x[i, 0, 1, o]->[b, 0, 1, f]>"),
-            "window_strides": ir.DenseI64ArrayAttr.get(list(d["stride"])),
-            "padding": padding,
-            "lhs_dilation": ir.DenseI64ArrayAttr.get([1, 1]),
-            "rhs_dilation": ir.DenseI64ArrayAttr.get(list(d["dilation"])),
-            "feature_group_count": ir.IntegerAttr.get(i64, 1),
-            "batch_group_count": ir.IntegerAttr.get(i64, 1),
-        },
-    ).result
+    out = _conv(x, kernel, (batch, oh, ow, filters), "[b, f, 0, 1]x[i, 0, 1, o]->[b, 0, 1, f]",
+                strides=d["stride"], padding=d["padding"], rhs_dilation=d["dilation"])
     root = ops[candidate.root].result
     flat = _reshape(out, (batch * oh * ow, filters))
     return {candidate.root: _convert(flat, _element(root))}
+
+
+def _convolution_weight_gradient(candidate, ops) -> dict[int, ir.Value]:
+    """dW[(c, i, j), f] = sum over (b, oh, ow) of x_padded[b, c, oh*sh + i*dh, ow*sw + j*dw] * dY[b, oh, ow, f].
+
+    A convolution of the input by dY in which the batch is the contracted
+    feature: the input's channels play the batch, dY's spatial axes the
+    window (dilated by the forward stride), the forward dilation the
+    window stride. The result is [C, kh, kw, F], the matmul's [C*kh*kw, F].
+    """
+    d = candidate.details
+    x = _widened(_value(ops, d["input"]))
+    batch, channels, filters = d["batch"], d["channels"], d["filters"]
+    (kh, kw), (oh, ow) = d["kernel_size"], d["count"]
+    (sh, sw), (dh, dw) = d["stride"], d["dilation"]
+    dy = _reshape(_widened(_value(ops, d["gradient"])), (batch, oh, ow, filters))
+    (top, bottom), (left, right) = d["padding"]
+    _, _, height, width = _shape(x)
+    # Rows past the last window's reach give extra taps: computed, then sliced away.
+    rows = (height + top + bottom - sh * (oh - 1) - 1) // dh + 1
+    columns = (width + left + right - sw * (ow - 1) - 1) // dw + 1
+    out = _conv(x, dy, (channels, rows, columns, filters), "[f, b, 0, 1]x[i, 0, 1, o]->[b, 0, 1, f]",
+                strides=(dh, dw), padding=d["padding"], rhs_dilation=(sh, sw))
+    out = _crop(_crop(out, 1, 0, kh), 2, 0, kw)
+    root = ops[candidate.root].result
+    return {candidate.root: _convert(_reshape(out, (channels * kh * kw, filters)), _element(root))}
+
+
+def _convolution_input_gradient(candidate, ops) -> dict[int, ir.Value]:
+    """dX = dY (dilated by the stride) convolved with the spatially reversed kernel, cropped as the narrows crop.
+
+    The folds' extent is the padded input; the crop (the pads' adjoints)
+    moves into the convolution's padding, and any part of it that would
+    need negative padding is sliced off afterwards.
+    """
+    d = candidate.details
+    batch, channels, filters = d["batch"], d["channels"], d["filters"]
+    (kh, kw), (oh, ow) = d["kernel_size"], d["count"]
+    dy = _reshape(_widened(_value(ops, d["gradient"])), (batch, oh, ow, filters))
+    kernel = _reshape(_widened(_value(ops, d["kernel"])), (filters, channels, kh, kw))
+    kernel = _one("stablehlo.reverse", [kernel], kernel.type, dimensions=ir.DenseI64ArrayAttr.get([2, 3]))
+    padding, trims, shape = [], [], [batch, channels]
+    for size, stride, dilation, count, (start, length) in zip(
+            (kh, kw), d["stride"], d["dilation"], (oh, ow), d["crop"]):
+        low = (size - 1) * dilation - start
+        high = start + length - stride * (count - 1) - 1
+        padding.append((max(low, 0), max(high, 0)))
+        trims.append(max(-low, 0))
+        shape.append(length + trims[-1] + max(-high, 0))
+    out = _conv(dy, kernel, shape, "[b, 0, 1, f]x[i, o, 0, 1]->[b, f, 0, 1]", padding=padding,
+                lhs_dilation=d["stride"], rhs_dilation=d["dilation"])
+    (_, height), (_, width) = d["crop"]
+    out = _crop(_crop(out, 2, trims[0], height), 3, trims[1], width)
+    return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
 def _max_pool(candidate, ops) -> dict[int, ir.Value]:
@@ -99,6 +192,54 @@ def _max_pool(candidate, ops) -> dict[int, ir.Value]:
         _create("stablehlo.return", [biggest], None)
     root = ops[candidate.root].result
     return {candidate.root: _reshape(window.result, tuple(ir.RankedTensorType(root.type).shape))}
+
+
+def _max_pool_gradient(candidate, ops) -> dict[int, ir.Value]:
+    """The recorded gradient's own nodes, fed recomputed lanes and maxima, placed onto the input by strided pads.
+
+    The region (step, sub, mul) stays as recorded and is lowered as usual;
+    only what it reads from the forward pool is rebuilt here (a lane is a
+    strided slice of the input, a maximum the reference's select), and the
+    lane stack, its pads and the two folds become the folds' own placement
+    of each lane gradient (zeros start, lanes in fold order), so the bits
+    are the composition's.
+    """
+    d = candidate.details
+    x = _value(ops, d["input"])
+    (sh, sw), (th, tw), (dh, dw) = d["window"], d["stride"], d["dilation"]
+    (oh, ow), (height, width) = d["count"], d["extent"]
+    lanes = {}
+    with ir.InsertionPoint(ops[min(d["region"])]):  # before the first region node reads them
+        for lane, index in d["lanes"]:
+            i, j = divmod(index, sw)
+            rows = _slice(x, 2, i * dh, i * dh + th * (oh - 1) + 1, th)
+            lanes[lane] = _reshape(_slice(rows, 3, j * dw, j * dw + tw * (ow - 1) + 1, tw),
+                                   (*_shape(rows)[:3], ow, 1))
+        ordered = [lanes[lane] for lane, _ in d["lanes"]]
+        rebuilt, best = dict(lanes), ordered[0]
+        for step, lane in zip(d["maxima"], ordered[1:]):
+            best = rebuilt[step] = _maximum_of(best, lane)
+    for n in d["region"]:
+        operands = ops[n].operands
+        for k in range(len(operands)):
+            for node, value in rebuilt.items():
+                if operands[k] == ops[node].result:
+                    operands[k] = value
+                    break
+    element = _element(ops[candidate.root].result)
+    gradients = [_widened(ops[g].result) for g in d["lane_gradients"]]
+    work = _element(gradients[0])
+    total = _constant(0.0, (*_shape(x)[:2], height, width), work)
+    for i in range(sh):
+        partial = _constant(0.0, (*_shape(x)[:2], oh, width), work)
+        for j in range(sw):
+            values = _reshape(gradients[i * sw + j], (*_shape(x)[:2], oh, ow))
+            last = j * dw + (ow - 1) * tw
+            partial = _binary("stablehlo.add", partial, _pad(values, 3, j * dw, width - last - 1, tw - 1, 0.0))
+        partial = _widened(_convert(partial, element))  # the width fold rounds before the height fold reads it
+        last = i * dh + (oh - 1) * th
+        total = _binary("stablehlo.add", total, _pad(partial, 2, i * dh, height - last - 1, th - 1, 0.0))
+    return {candidate.root: _convert(total, element)}
 
 
 def _vector(ops, position: int, features: int) -> ir.Value:
@@ -140,7 +281,10 @@ def _batch_norm(candidate, ops) -> dict[int, ir.Value]:
 
 RAISES = {
     "convolution": _convolution,
+    "convolution_weight_gradient": _convolution_weight_gradient,
+    "convolution_input_gradient": _convolution_input_gradient,
     "max_pool": _max_pool,
+    "max_pool_gradient": _max_pool_gradient,
     "batch_norm_training": _batch_norm,
     "batch_norm_inference": _batch_norm,
 }
@@ -172,7 +316,10 @@ def raise_pass(module) -> None:
         for position, value in replacements.items():
             ops[position].result.replace_all_uses_with(value)
         replaced.update(replacements)
-        for position in sorted(candidate.nodes, reverse=True):
-            op = ops[position]
-            if not list(op.result.uses):
-                op.erase()
+    # Erase what no longer has readers, last first. A group lent to a gradient
+    # (the im2col matrix, a pool's lanes) loses its last reader only when that
+    # gradient is raised, so every group is swept once all are raised.
+    for position in sorted({n for c in chosen if c.kind in RAISES for n in (*c.nodes, *c.recomputes)}, reverse=True):
+        op = ops[position]
+        if not list(op.result.uses):
+            op.erase()

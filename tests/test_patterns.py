@@ -112,7 +112,8 @@ def hand_batch_norm(x, scale, shift, eps, divisor=None):
 
 def test_catalog_puts_the_big_patterns_before_elementwise_chains():
     kinds = [p.kind for p in CATALOG]
-    assert kinds == ["convolution", "max_pool", "batch_norm_training", "batch_norm_inference", "elementwise"]
+    assert kinds == ["convolution", "convolution_weight_gradient", "convolution_input_gradient", "max_pool",
+                     "max_pool_gradient", "batch_norm_training", "batch_norm_inference", "elementwise"]
 
 
 # ---- convolution ---------------------------------------------------------------------------
@@ -564,11 +565,18 @@ KERNEL_COUNTS = {
         ("convolution", 7), ("convolution", 7), ("elementwise", 2), ("elementwise", 2),
         ("elementwise", 2), ("max_pool", 12), ("max_pool", 12),
     ]),
-    # With recorded gradients the weight gradient reads each im2col matrix and
-    # the step masks read every fold operand and relu input, so neither the
-    # convolutions nor the pools are closed: only elementwise chains fuse.
+    # With recorded gradients the weight gradients read each im2col matrix and
+    # the pool gradients' step masks read every lane and maximum; both
+    # recompute what they read, so the forward groups lend it and still
+    # fuse. The first convolution's input is not differentiated: one input
+    # gradient. The pool gradients claim four of the elementwise chains.
     "conv net training": (
-        conv_net, {"with_gradients": True}, [("elementwise", 2)] * 10 + [("elementwise", 3)] * 3,
+        conv_net, {"with_gradients": True}, [
+            ("convolution", 7), ("convolution", 7), ("convolution_weight_gradient", 2),
+            ("convolution_weight_gradient", 2), ("convolution_input_gradient", 7),
+            ("max_pool", 12), ("max_pool", 12), ("max_pool_gradient", 23), ("max_pool_gradient", 23),
+            ("elementwise", 2), ("elementwise", 2), ("elementwise", 2), ("elementwise", 2), ("elementwise", 3),
+        ],
     ),
     "mlp": (mlp, {}, [("elementwise", 2), ("elementwise", 2)]),
     # Batch norm is offered (raise-only); at home its variance -> +eps -> sqrt and
@@ -580,7 +588,8 @@ KERNEL_COUNTS = {
 
 OFFERED = {
     "conv net": {"convolution": 2, "max_pool": 2, "elementwise": 5},
-    "conv net training": {"elementwise": 13},
+    "conv net training": {"convolution": 2, "convolution_weight_gradient": 2, "convolution_input_gradient": 1,
+                          "max_pool": 2, "max_pool_gradient": 2, "elementwise": 13},
     "mlp": {"elementwise": 2},
     "mlp with batch norm": {"batch_norm_training": 1, "elementwise": 3},
 }

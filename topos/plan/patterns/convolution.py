@@ -72,8 +72,93 @@ def match_windows(view: StructureView, n: int) -> Windows | None:
     )
 
 
+@dataclass(frozen=True)
+class Im2col:
+    """The im2col matrix of a convolution: zero pads it absorbed, its windows, permute and reshape."""
+
+    source: int  # the tensor convolved (past the absorbed pads)
+    pads: tuple[int, ...]  # absorbed pad nodes, outermost first
+    padding: tuple[tuple[int, int], tuple[int, int]]  # ((top, bottom), (left, right)), zeros
+    windows: Windows
+    permuted: int
+    columns: int  # the [B*OH*OW, C*kh*kw] reshape
+    batch: int
+    channels: int
+
+    @property
+    def chain(self) -> tuple[int, ...]:
+        """Every node from the pads through the im2col matrix."""
+        return (*self.pads, self.windows.rows, self.windows.columns, self.permuted, self.columns)
+
+    def details(self) -> dict:
+        """What every convolution-shaped group says about its windows (a candidate's details)."""
+        w = self.windows
+        return {"input": self.source, "batch": self.batch, "channels": self.channels,
+                "kernel_size": w.size, "stride": w.stride, "dilation": w.dilation, "padding": self.padding}
+
+
+def match_im2col(view: StructureView, columns: int) -> Im2col | None:
+    """The im2col chain ending at ``columns`` (reshape of permute [0,2,4,1,3,5] of two unfolds), or None."""
+    if view.opcode(columns) != "reshape":
+        return None
+    permuted = view.operands(columns)[0]
+    if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != IM2COL_ORDER:
+        return None
+    windows = match_windows(view, view.operands(permuted)[0])
+    if windows is None:
+        return None
+    source, pads, padding = _absorb_pads(view, windows)
+    batch, channels = view.spec(source).shape[:2]
+    (kh, kw), (oh, ow) = windows.size, windows.count
+    if view.spec(columns).shape != (batch * oh * ow, channels * kh * kw):
+        return None  # the same volume laid out differently is another computation
+    return Im2col(source, pads, padding, windows, permuted, columns, batch, channels)
+
+
+def _absorb_pads(view: StructureView, windows: Windows):
+    """Walk back over zero pads of height/width that only the chain reads."""
+    padding = {2: (0, 0), 3: (0, 0)}
+    pads: list[int] = []
+    absorbed: set[int] = set()  # axes already padded: a second pad stays outside
+    source = windows.source
+    while view.opcode(source) == "pad":
+        attributes = view.attributes(source)
+        axis = attributes["axis"]
+        if axis not in padding or axis in absorbed or not view.interior_ok(source):
+            break  # a pad someone else reads (or declared) is the convolution's input
+        operand = view.operands(source)[0]
+        before = attributes["start"]
+        after = attributes["extent"] - before - view.spec(operand).shape[axis]
+        padding[axis] = (before, after)
+        absorbed.add(axis)
+        pads.append(source)
+        source = operand
+    return source, tuple(pads), (padding[2], padding[3])
+
+
+def padded_input(x: np.ndarray, padding, work) -> np.ndarray:
+    """``x`` in the compute type inside its zero padding: the tensor the windows slide over."""
+    (top, bottom), (left, right) = padding
+    batch, channels, height, width = x.shape
+    padded = np.zeros((batch, channels, height + top + bottom, width + left + right), dtype=work)
+    padded[:, :, top : top + height, left : left + width] = x
+    return padded
+
+
+def tap_slices(tap: tuple[int, int], stride, dilation, count) -> tuple[slice, slice]:
+    """Rows and columns of the padded input that kernel tap (i, j) meets, one per output position."""
+    (i, j), (sh, sw), (dh, dw), (oh, ow) = tap, stride, dilation, count
+    return slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+
+
 class Convolution(Pattern):
-    """A conv2d recording (pads through the matmul) run as one kernel that never builds the im2col matrix."""
+    """A conv2d recording (pads through the matmul) run as one kernel that never builds the im2col matrix.
+
+    The im2col matrix may also be read by the kernel's weight gradient
+    (``convolution_weight_gradient``), which recomputes the windows itself;
+    the matrix is then lent to it (``Candidate.lends``) and election keeps
+    this group only alongside that one.
+    """
 
     kind = "convolution"
     bit_identical = True
@@ -82,79 +167,48 @@ class Convolution(Pattern):
         if view.opcode(root) != "matmul":
             return None
         columns_node, kernel = view.operands(root)
-        if view.opcode(columns_node) != "reshape":
+        im2col = match_im2col(view, columns_node)
+        if im2col is None:
             return None
-        permuted = view.operands(columns_node)[0]
-        if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != IM2COL_ORDER:
-            return None
-        windows = match_windows(view, view.operands(permuted)[0])
-        if windows is None:
-            return None
-        source, pads, padding = self._absorb_pads(view, windows)
-        batch, channels = view.spec(source).shape[:2]
+        windows = im2col.windows
         (kh, kw), (oh, ow) = windows.size, windows.count
-        if view.spec(columns_node).shape != (batch * oh * ow, channels * kh * kw):
-            return None  # the same volume laid out differently is another computation
         filters = view.spec(kernel).shape[1]
-        interior = (*pads, windows.rows, windows.columns, permuted, columns_node)
-        if not view.closed(root, interior):
+        interior = im2col.chain
+        lends = view.lent(root, interior)
+        if lends is None:
             return None
-        saved = sum(view.nbytes(n) for n in (windows.rows, windows.columns, permuted, columns_node))
+        saved = sum(view.nbytes(n) for n in (windows.rows, windows.columns, im2col.permuted, columns_node))
         return Candidate(
             self.kind,
             root,
             tuple(sorted((*interior, root))),
             f"im2col chain of a {kh}x{kw} convolution, stride {windows.stride}, "
-            f"padding {padding}, into a [{channels * kh * kw}, {filters}] kernel",
+            f"padding {im2col.padding}, into a [{im2col.channels * kh * kw}, {filters}] kernel",
             saved,
             {
-                "input": source,
+                "input": im2col.source,
                 "kernel": kernel,
-                "batch": batch,
-                "channels": channels,
+                "batch": im2col.batch,
+                "channels": im2col.channels,
                 "filters": filters,
                 "kernel_size": windows.size,
                 "stride": windows.stride,
                 "dilation": windows.dilation,
-                "padding": padding,  # ((top, bottom), (left, right)), zeros
-                "out_shape": (batch, filters, oh, ow),  # NCHW; the root holds it as [B*OH*OW, F]
+                "padding": im2col.padding,  # ((top, bottom), (left, right)), zeros
+                "out_shape": (im2col.batch, filters, oh, ow),  # NCHW; the root holds it as [B*OH*OW, F]
             },
+            lends=lends,
         )
-
-    @staticmethod
-    def _absorb_pads(view: StructureView, windows: Windows):
-        """Walk back over zero pads of height/width that only the chain reads."""
-        padding = {2: (0, 0), 3: (0, 0)}
-        pads: list[int] = []
-        absorbed: set[int] = set()  # axes already padded: a second pad stays outside
-        source = windows.source
-        while view.opcode(source) == "pad":
-            attributes = view.attributes(source)
-            axis = attributes["axis"]
-            if axis not in padding or axis in absorbed or not view.interior_ok(source):
-                break  # a pad someone else reads (or declared) is the convolution's input
-            operand = view.operands(source)[0]
-            before = attributes["start"]
-            after = attributes["extent"] - before - view.spec(operand).shape[axis]
-            padding[axis] = (before, after)
-            absorbed.add(axis)
-            pads.append(source)
-            source = operand
-        return source, tuple(pads), (padding[2], padding[3])
 
     def execute(self, candidate: Candidate, value, network, kernel_of):
         details = candidate.details
         x = value(details["input"])
         dtype = network._specs[candidate.root].dtype
         work = compute_type(dtype)
-        (top, bottom), (left, right) = details["padding"]
-        batch, channels, height, width = x.shape
-        padded = np.zeros((batch, channels, height + top + bottom, width + left + right), dtype=work)
-        padded[:, :, top : top + height, left : left + width] = x
+        padded = padded_input(x, details["padding"], work)
+        batch, channels = x.shape[:2]
         kernel = value(details["kernel"]).astype(work, copy=False)
         kh, kw = details["kernel_size"]
-        sh, sw = details["stride"]
-        dh, dw = details["dilation"]
         _, filters, oh, ow = details["out_shape"]
         # The accumulator's layout changes nothing but speed: NumPy is fastest
         # when the innermost loop is long, so filters go last when there are
@@ -164,8 +218,7 @@ class Convolution(Pattern):
         out: np.ndarray | None = None
         product_buffer: np.ndarray | None = None
         for k, (c, i, j) in enumerate(product(range(channels), range(kh), range(kw))):
-            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
-            columns = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            rows, columns = tap_slices((i, j), details["stride"], details["dilation"], (oh, ow))
             slab = padded[:, c, rows, columns]  # column k of the im2col matrix, as [B, OH, OW]
             if filters_last:
                 slab, weights = slab[..., None], kernel[k]

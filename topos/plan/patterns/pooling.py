@@ -23,99 +23,138 @@ and a 1x1 window (no maximum to fold).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .base import Candidate, Pattern, StructureView
-from .convolution import match_windows
+from .convolution import Windows, match_windows
 
 LANE_ORDER = (0, 1, 2, 4, 3, 5)
 
 
+@dataclass(frozen=True)
+class PoolChain:
+    """A max_pool recording's nodes: the windows, the lane stack, its lanes and the fold of maxima."""
+
+    root: int  # the final reshape to [B, C, OH, OW]
+    windows: Windows
+    permuted: int
+    stacked: int  # [B, C, OH, OW, sh*sw]
+    lanes: tuple[int, ...]  # narrows, lane 0 first
+    maxima: tuple[int, ...]  # fold steps, first first
+    batch: int
+    channels: int
+
+    @property
+    def interior(self) -> tuple[int, ...]:
+        w = self.windows
+        return (w.rows, w.columns, self.permuted, self.stacked, *self.lanes, *self.maxima)
+
+
+def match_pool(view: StructureView, root: int) -> PoolChain | None:
+    """The max_pool chain ending at ``root`` by structure alone (who else reads it is not checked), or None."""
+    if view.opcode(root) != "reshape":
+        return None
+    last = view.operands(root)[0]
+    if view.opcode(last) != "maximum":
+        return None
+    maxima, lanes = _unfold_fold(view, last)
+    stacked = view.operands(lanes[0])[0] if view.opcode(lanes[0]) == "narrow" else None
+    for position, lane in enumerate(lanes):
+        if (
+            view.opcode(lane) != "narrow"
+            or view.operands(lane)[0] != stacked
+            or view.attributes(lane) != {"axis": 4, "start": position, "length": 1}
+        ):
+            return None
+    assert stacked is not None
+    if view.opcode(stacked) != "reshape":
+        return None
+    permuted = view.operands(stacked)[0]
+    if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != LANE_ORDER:
+        return None
+    windows = match_windows(view, view.operands(permuted)[0])
+    if windows is None:
+        return None
+    batch, channels = view.spec(windows.source).shape[:2]
+    (sh, sw), (oh, ow) = windows.size, windows.count
+    if (
+        len(lanes) != sh * sw
+        or view.spec(stacked).shape != (batch, channels, oh, ow, sh * sw)
+        or view.spec(root).shape != (batch, channels, oh, ow)
+    ):
+        return None
+    return PoolChain(root, windows, permuted, stacked, tuple(lanes), tuple(maxima), batch, channels)
+
+
+def _unfold_fold(view: StructureView, last: int) -> tuple[list[int], list[int]]:
+    """Maxima of a left fold (first step first) and the lanes they fold, in fold order."""
+    maxima, rights = [], []
+    node = last
+    while view.opcode(node) == "maximum":
+        left, right = view.operands(node)
+        maxima.append(node)
+        rights.append(right)
+        node = left
+    return maxima[::-1], [node, *rights[::-1]]
+
+
+def lane_view(x: np.ndarray, index: int, window, stride, dilation, count) -> np.ndarray:
+    """Lane ``index`` (window element (i, j), row-major) of every window of ``x``: a strided view [B, C, OH, OW]."""
+    i, j = divmod(index, window[1])
+    (th, tw), (dh, dw), (oh, ow) = stride, dilation, count
+    return x[:, :, i * dh : i * dh + th * (oh - 1) + 1 : th, j * dw : j * dw + tw * (ow - 1) + 1 : tw]
+
+
 class MaxPool(Pattern):
-    """A max_pool recording (the lane fold of maximum) run as one walk over the input's windows."""
+    """A max_pool recording (the lane fold of maximum) run as one walk over the input's windows.
+
+    Its lanes and maxima may also be read by the pool's recorded gradient
+    (``max_pool_gradient``), which recomputes them; they are then lent to
+    it and election keeps this group only alongside that one.
+    """
 
     kind = "max_pool"
     bit_identical = True
 
     def _match(self, view: StructureView, root: int) -> Candidate | None:
-        if view.opcode(root) != "reshape":
+        chain = match_pool(view, root)
+        if chain is None:
             return None
-        last = view.operands(root)[0]
-        if view.opcode(last) != "maximum":
+        lends = view.lent(root, chain.interior)
+        if lends is None:
             return None
-        maxima, lanes = self._unfold_fold(view, last)
-        first = lanes[0]
-        if view.opcode(first) != "narrow":
-            return None
-        stacked = view.operands(first)[0]
-        for position, lane in enumerate(lanes):
-            if (
-                view.opcode(lane) != "narrow"
-                or view.operands(lane)[0] != stacked
-                or view.attributes(lane) != {"axis": 4, "start": position, "length": 1}
-            ):
-                return None
-        if view.opcode(stacked) != "reshape":
-            return None
-        permuted = view.operands(stacked)[0]
-        if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != LANE_ORDER:
-            return None
-        windows = match_windows(view, view.operands(permuted)[0])
-        if windows is None:
-            return None
-        batch, channels = view.spec(windows.source).shape[:2]
+        windows = chain.windows
         (sh, sw), (oh, ow) = windows.size, windows.count
-        if (
-            len(lanes) != sh * sw
-            or view.spec(stacked).shape != (batch, channels, oh, ow, sh * sw)
-            or view.spec(root).shape != (batch, channels, oh, ow)
-        ):
-            return None
-        interior = (windows.rows, windows.columns, permuted, stacked, *lanes, *maxima)
-        if not view.closed(root, interior):
-            return None
-        saved = sum(view.nbytes(n) for n in (windows.rows, windows.columns, permuted, stacked, *lanes))
+        saved = sum(view.nbytes(n) for n in (windows.rows, windows.columns, chain.permuted, chain.stacked,
+                                              *chain.lanes))
         return Candidate(
             self.kind,
             root,
-            tuple(sorted((*interior, root))),
+            tuple(sorted((*chain.interior, root))),
             f"left fold of maximum over the {sh * sw} lanes of {sh}x{sw} windows, stride {windows.stride}",
             saved,
             {
                 "input": windows.source,
-                "batch": batch,
-                "channels": channels,
+                "batch": chain.batch,
+                "channels": chain.channels,
                 "window": windows.size,
                 "stride": windows.stride,
                 "dilation": windows.dilation,
-                "out_shape": (batch, channels, oh, ow),
-                "maxima": tuple(maxima),  # fold steps in lane order
+                "out_shape": (chain.batch, chain.channels, oh, ow),
+                "maxima": chain.maxima,  # fold steps in lane order
             },
+            lends=lends,
         )
-
-    @staticmethod
-    def _unfold_fold(view: StructureView, last: int) -> tuple[list[int], list[int]]:
-        """Maxima of a left fold (first step first) and the lanes they fold, in fold order."""
-        maxima, rights = [], []
-        node = last
-        while view.opcode(node) == "maximum":
-            left, right = view.operands(node)
-            maxima.append(node)
-            rights.append(right)
-            node = left
-        return maxima[::-1], [node, *rights[::-1]]
 
     def execute(self, candidate: Candidate, value, network, kernel_of):
         details = candidate.details
         x = value(details["input"])
-        sh, sw = details["window"]
-        th, tw = details["stride"]
-        dh, dw = details["dilation"]
-        _, _, oh, ow = details["out_shape"]
+        count = details["out_shape"][2:]
 
         def lane(index: int) -> np.ndarray:
-            i, j = divmod(index, sw)
-            return x[:, :, i * dh : i * dh + th * (oh - 1) + 1 : th, j * dw : j * dw + tw * (ow - 1) + 1 : tw]
+            return lane_view(x, index, details["window"], details["stride"], details["dilation"], count)
 
         best = lane(0)
         for index, step in enumerate(details["maxima"], start=1):
