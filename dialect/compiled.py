@@ -214,6 +214,20 @@ def _unreadable(vmfb: bytes) -> str | None:
     return None if "main" in module.function_names else "the module has no @main"
 
 
+def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None) -> tuple[str, ...]:
+    """The compiler flags of ``plan``'s module for ``chosen``, read off the plan before any lowering.
+
+    Its element types decide float64's flags and whether the target refuses
+    an element (``Target.refuses``); ``data_tiling`` None decides by the
+    largest matmul. compile and export both build their flags here.
+    """
+    if data_tiling is None:
+        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
+    elements = {str(plan.network._specs[n].dtype) for n in plan.schedule}
+    return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
+                     data_tiling=data_tiling, elements=elements)
+
+
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
                  data_tiling: bool | None = None, rewrite=None) -> CompiledPlan:
@@ -235,10 +249,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    if data_tiling is None:
-        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
-    dtypes = {str(plan.network._specs[n].dtype) for n in plan.schedule}
-    flags = flags_for(chosen, "float64" in dtypes, cpu, uses_bf16="bfloat16" in dtypes, data_tiling=data_tiling)
+    flags = module_flags(plan, chosen, cpu, data_tiling)
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
@@ -564,6 +575,7 @@ class CompiledPlan:
         without statistics.
         """
         self._load()
+        assert self._device is not None  # _load made it
         allocator = self._device.allocator
         return dict(allocator.statistics) if allocator.has_statistics else {}
 

@@ -48,9 +48,9 @@ import numpy as np
 
 from topos.errors import ToposError
 
-from .compiled import CompiledPlan, _compile, toolchain_version
+from .compiled import CompiledPlan, _compile, module_flags, toolchain_version
 from .conformance import END_TO_END_ULPS
-from .targets import flags_for, target
+from .targets import target
 
 # The runtime device iree-run-module names for each driver CompiledPlan uses.
 _DEVICES = {"local-sync": "local-task", "local-task": "local-task", "cuda": "cuda", "vulkan": "vulkan",
@@ -90,12 +90,7 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     network = plan.network
     parameters = network.parameters() if parameters is None else parameters
     text, located, _ = plan._stablehlo_with_timings()
-    if data_tiling is None:
-        from .compiled import largest_matmul
-        from .targets import DATA_TILING_THRESHOLD
-
-        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
-    flags = flags_for(chosen, "f64" in text, cpu, uses_bf16="bf16" in text, data_tiling=data_tiling)
+    flags = module_flags(plan, chosen, cpu, data_tiling)
     flags += _STRIPPED if chosen.name != "llvm-cpu" else _STRIPPED + _STRIPPED_CPU
     vmfb = _compile(text, flags)  # the portable text: the module names no path of this machine
     compiled = CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, {}, False)

@@ -17,16 +17,27 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
   negative zeros stays ``-0.0`` as in the reference's halving tree. A sum
   to rank 0 first reshapes its operand to 1-D: GPU code generators reject
   a multi-axis reduction to a scalar.
-* bfloat16 computes in float32 and rounds once, as the core does, wherever
-  the result depends on more than one correctly rounded step: matmul,
-  sums, fold, scatter, log_softmax, logsumexp, pow and every map function.
-  Single IEEE operations (add, sub, mul, div) are spelled the same way:
-  float32 has more than twice bfloat16's precision plus two bits, so one
-  operation in float32 rounded once gives bfloat16's own bits. Every
-  rounding down to bfloat16 is a ``stablehlo.reduce_precision`` (e8m7)
-  before the ``convert``: IREE computes bfloat16 chains in float32 and
-  folds a convert down followed by a convert up, which would silently
-  drop the rounding; reduce_precision survives that.
+* A narrow element (bfloat16, or a registered one such as float16 whose
+  compute type is wider: ``topos.element.register``) computes in its
+  compute type and rounds once, as the core does, wherever the result
+  depends on more than one correctly rounded step: matmul, sums, fold,
+  scatter, log_softmax, logsumexp, pow and every map function. Single
+  IEEE operations (add, sub, mul, div) are spelled the same way: the
+  compute type has more than twice the element's precision plus two bits
+  (float32 against bfloat16's 8 and float16's 11), so one operation there
+  rounded once gives the element's own bits. The element's accumulate
+  type is its compute type (registration refuses another), so the same
+  ``convert`` pair bounds every accumulation. Every rounding down to
+  bfloat16 is a ``stablehlo.reduce_precision`` (e8m7) before the
+  ``convert``: IREE computes bfloat16 chains in float32 and folds a
+  convert down followed by a convert up, which would silently drop the
+  rounding; reduce_precision survives that. It also flushes what is
+  subnormal in the narrow format, harmless for bfloat16 (float32's
+  exponent range) but not for float16 or the 8-bit floats, which take the
+  ``convert`` alone (IREE keeps that rounding; measured). An 8-bit
+  float's rounding first restores a carry IREE's software truncation
+  drops (``_carry_into_smallest_normal``), and an 8-bit op over
+  constants alone is folded with the reference kernel (``_folded``).
 * ``fold`` adds the windows lane by lane onto zeros (each lane a strided
   ``pad``), the reference's order, so its bits match the reference
   exactly. A 0/1 ``dot_general`` would turn an infinity into NaN
@@ -50,13 +61,20 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import ml_dtypes
+import numpy as np
 from iree.compiler import ir
 
+from topos.element import element_of
+from topos.opcodes import by_name
+
 from .diagnostics import Diagnostic, DialectError
+from .ops import elements_array, elements_attribute, registered_element
 from .passes import register_pass
 
 PASS_NAME = "topos-lower-to-stablehlo"
@@ -131,24 +149,84 @@ def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
     return _one(name, [a, b], a.type)
 
 
+def _compute_type(element: ir.Type) -> ir.Type:
+    """The MLIR type ``element`` computes in: float32 for bfloat16, itself for f32 and f64."""
+    registered = registered_element(element)
+    if registered is None or not registered.narrow:
+        return element
+    return ir.Type.parse(element_of(registered.compute).mlir)
+
+
+@functools.cache
+def _precision_bits(dtype, compute) -> tuple[int, int] | None:
+    """(exponent bits, mantissa bits) for the reduce_precision before a rounding convert, or None for none.
+
+    reduce_precision rounds to an IEEE format of those widths, and, as in
+    XLA, flushes what would be subnormal there to zero. That is harmless
+    only where the compute type flushes the same values anyway: bfloat16,
+    whose exponent range is float32's (IREE's CPU runtime flushes float32
+    subnormals). A narrower range (float16, the 8-bit floats) keeps its
+    subnormals in the compute type, and a format without infinities
+    (float8_e4m3fn) is not what reduce_precision rounds to: both take the
+    convert alone.
+    """
+    info, wide = ml_dtypes.finfo(dtype), ml_dtypes.finfo(compute)
+    with np.errstate(invalid="ignore"):
+        has_infinity = bool(np.isinf(np.array([np.inf]).astype(dtype).astype(np.float64))[0])
+    if not has_infinity or info.maxexp != 2 ** (info.nexp - 1) or info.minexp != wide.minexp:
+        return None
+    return int(info.nexp), int(info.nmant)
+
+
 def _convert(x: ir.Value, element: ir.Type) -> ir.Value:
     if _element(x) == element:
         return x
-    if isinstance(element, ir.BF16Type) and isinstance(_element(x), ir.F32Type):
-        # Round to bfloat16's precision while still in float32. IREE computes
-        # bfloat16 chains in float32 and folds a convert down followed by a
+    registered = registered_element(element)
+    if registered is not None and registered.narrow and _compute_type(element) == _element(x):
+        # Round to the element's precision while still in the compute type. IREE
+        # computes bfloat16 chains in float32 and folds a convert down followed by a
         # convert up, dropping the rounding; reduce_precision survives that.
-        x = _one("stablehlo.reduce_precision", [x], x.type,
-                 exponent_bits=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 8),
-                 mantissa_bits=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 7))
+        bits = _precision_bits(registered.dtype, registered.compute)
+        if bits is not None:
+            i32 = ir.IntegerType.get_signless(32)
+            x = _one("stablehlo.reduce_precision", [x], x.type,
+                     exponent_bits=ir.IntegerAttr.get(i32, bits[0]),
+                     mantissa_bits=ir.IntegerAttr.get(i32, bits[1]))
+        if registered.dtype.itemsize == 1:
+            x = _carry_into_smallest_normal(x, registered.dtype)
     return _one("stablehlo.convert", [x], _tensor(_shape(x), element))
 
 
+def _carry_into_smallest_normal(x: ir.Value, dtype) -> ir.Value:
+    """``x`` with the values that round up from the subnormals to the smallest normal set to it.
+
+    IREE 3.13 truncates to an 8-bit float in software (MLIR's arith
+    expansion), and that expansion drops exactly this carry: values in
+    ``[tiny - s/2, tiny)``, ``s`` the subnormal spacing, come out as zeros
+    of their sign instead of ``tiny`` (measured against ``refmath.nearest_even``
+    at every value of f8E5M2 and f8E4M3FN, every midpoint and their float32
+    neighbours; nothing else differs). Setting them to ``+-tiny`` first,
+    which the truncation keeps, gives the rounding's own bits.
+    """
+    info = ml_dtypes.finfo(dtype)
+    tiny, spacing = float(info.tiny), float(info.smallest_subnormal)
+    size = _unary("stablehlo.abs", x)
+    gap = _binary("stablehlo.and", _compare(size, _like(tiny - spacing / 2, x), "GE"),
+                  _compare(size, _like(tiny, x), "LT"))
+    signed = _select(_compare(x, _like(0.0, x), "LT"), _like(-tiny, x), _like(tiny, x))
+    return _select(gap, signed, x)
+
+
 def _widened(x: ir.Value) -> ir.Value:
-    """``x`` in its compute type: float32 for bfloat16, itself otherwise."""
-    if isinstance(_element(x), ir.BF16Type):
-        return _convert(x, ir.F32Type.get())
-    return x
+    """``x`` in its compute type: float32 for bfloat16 (and any narrow registered element), itself otherwise."""
+    wide = _compute_type(_element(x))
+    return x if wide == _element(x) else _convert(x, wide)
+
+
+def _is_narrow(element: ir.Type) -> bool:
+    """Whether ``element`` computes in a wider type (bfloat16, a narrow registered element)."""
+    registered = registered_element(element)
+    return registered is not None and registered.narrow
 
 
 def _reshape(x: ir.Value, shape: Sequence[int]) -> ir.Value:
@@ -285,13 +363,13 @@ def _leaf(node: _Node) -> ir.Value:
 def _exact(name: str) -> Callable[[_Node], ir.Value]:
     """A single IEEE operation in the element type.
 
-    bfloat16 arithmetic is spelled as float32 arithmetic rounded once
-    (the same bits, see the module doc), so the rounding is explicit and
-    survives IREE's bfloat16-to-float32 conversion.
+    A narrow element's arithmetic (bfloat16's, float16's) is spelled as
+    compute-type arithmetic rounded once (the same bits, see the module
+    doc), so the rounding is explicit and survives IREE's conversions.
     """
 
     def rule(node: _Node) -> ir.Value:
-        if isinstance(node.element, ir.BF16Type) and name != "stablehlo.negate":
+        if name != "stablehlo.negate" and _is_narrow(node.element):
             wide = [_widened(x) for x in node.operands]
             return _convert(_one(name, wide, wide[0].type), node.element)
         return _one(name, node.operands, node.type)
@@ -333,7 +411,11 @@ def _unary_sign_bit(x: ir.Value) -> ir.Value:
 
 
 def _maximum(node: _Node) -> ir.Value:
-    a, b = node.operands
+    return _maximum_of(*node.operands)
+
+
+def _maximum_of(a: ir.Value, b: ir.Value) -> ir.Value:
+    """The reference's maximum: ties and a NaN on the left go left."""
     left = _binary("stablehlo.or", _compare(a, b, "GE"), _compare(a, a, "NE"))
     return _select(left, a, b)
 
@@ -664,7 +746,9 @@ def lower_operation(op: ir.Operation) -> None:
             op.location,
         )
     with op.location, ir.InsertionPoint(op):
-        value = rule(_Node(op))
+        value = _folded(op)
+        if value is None:
+            value = rule(_Node(op))
     if value.type != op.results[0].type:
         raise LoweringError.at(
             f"lowering {op.name} produced {value.type}, but the op declares {op.results[0].type}",
@@ -672,6 +756,37 @@ def lower_operation(op: ir.Operation) -> None:
         )
     op.results[0].replace_all_uses_with(value)
     op.erase()
+
+
+def _folded(op: ir.Operation) -> ir.Value | None:
+    """The oracle's value of ``op`` as a constant, when its element is an 8-bit float and its operands are constants.
+
+    IREE 3.13 evaluates constant subgraphs ahead of time (const-eval), and
+    with an 8-bit float in them its JIT fails ('jit global source
+    initialization order invalid') or would round in software (see
+    ``_carry_into_smallest_normal``). Such an op is computed here with the
+    core's reference kernel instead: the oracle's bits, as a
+    ``stablehlo.constant``. Chains fold one op at a time, in program order.
+    """
+    registered = registered_element(ir.RankedTensorType(op.results[0].type).element_type)
+    if registered is None or not registered.narrow or registered.dtype.itemsize != 1:
+        return None
+    opcode = by_name(op.name[len("topos."):])
+    if opcode.is_source:
+        return None
+    arrays = []
+    for operand in op.operands:
+        owner = operand.owner
+        if not isinstance(owner, ir.Operation):
+            owner = getattr(owner, "operation", None)
+        if owner is None or owner.name != "stablehlo.constant":
+            return None
+        array = elements_array(owner.attributes["value"])
+        shape = tuple(ir.RankedTensorType(operand.type).shape)
+        arrays.append(np.broadcast_to(array, shape) if array.shape != shape else array)
+    with np.errstate(all="ignore"):
+        value = np.asarray(opcode.kernel(*arrays, **op.opview.opcode_attributes()))
+    return _one("stablehlo.constant", [], op.results[0].type, value=elements_attribute(value))
 
 
 def lower_to_stablehlo(root: ir.Operation) -> None:

@@ -15,7 +15,8 @@ and the recorder cannot disagree about what a valid node is.
 Encodings (the contract in ``dialect/README.md``): ``node = <index> : i64``
 on every op; an int attribute is an ``i64``; a tuple of ints is
 ``array<i64: ...>``; map's ``function`` is a string; element types are
-``f32``, ``f64``, ``bf16``; a selection (index payload) is ``i64`` and its
+``f32``, ``f64``, ``bf16`` or a registered element's ``mlir`` type
+(``topos.element.register``); a selection (index payload) is ``i64`` and its
 source op carries ``extent``. Discardable ``topos.*`` annotations added by
 passes are allowed on every op.
 """
@@ -36,9 +37,8 @@ from topos.element import (
     ELEMENTS,
     Selection,
     SelectionType,
-    bfloat16,
-    float32,
-    float64,
+    element_for_mlir,
+    element_of,
     short_name,
 )
 from topos.errors import ShapeError
@@ -81,17 +81,42 @@ _mark_dialect_module_loaded()
 
 # ---- element types and tensor types ----------------------------------------------------
 
-_FLOAT_TYPES = ((float32, ir.F32Type), (float64, ir.F64Type), (bfloat16, ir.BF16Type))
-
-
 def element_type(dtype: Any) -> ir.Type:
-    """The MLIR element type of a core element type (a selection is ``i64``)."""
+    """The MLIR element type of a registered element type (a selection is ``i64``)."""
     if isinstance(dtype, SelectionType):
         return ir.IntegerType.get_signless(64)
-    for element, mlir_type in _FLOAT_TYPES:
-        if dtype == element:
-            return mlir_type.get()
-    raise TypeError(f"no MLIR element type for {dtype!r}")
+    try:
+        element = element_of(dtype)
+    except ValueError:
+        raise TypeError(f"no MLIR element type for {dtype!r}: it is not a registered element type") from None
+    if element.mlir is None:
+        raise TypeError(
+            f"element {element.name} has no MLIR type; register it with mlir='...' (an MLIR element type "
+            "such as f16 or f8E5M2) to emit it"
+        )
+    try:
+        return ir.Type.parse(element.mlir)
+    except Exception as error:  # MLIR's parser says why; the element's registration is what to fix
+        raise TypeError(f"element {element.name}: MLIR does not parse its type {element.mlir!r}: {error}") from None
+
+
+_SPELLINGS: dict = {}  # TypeID of a float type -> how MLIR spells it (float types have no parameters)
+
+
+def registered_element(mlir_type: ir.Type):
+    """The registered core element an MLIR element type stands for, or None (integers, unregistered floats).
+
+    Printing a type costs about 13 us and every op's verification and
+    lowering asks, so each float type's spelling is kept by its TypeID,
+    which is the same in every context.
+    """
+    if not isinstance(mlir_type, ir.FloatType):
+        return None
+    typeid = mlir_type.typeid
+    spelling = _SPELLINGS.get(typeid)
+    if spelling is None:
+        spelling = _SPELLINGS[typeid] = str(mlir_type)
+    return element_for_mlir(spelling)
 
 
 def tensor_type(spec: Spec) -> ir.RankedTensorType:
@@ -120,16 +145,16 @@ def spec_of_type(mlir_type: ir.Type, extent: int | None = None) -> Spec:
     if any(d < 1 for d in shape):
         raise _TypeProblem(f"{mlir_type} is empty; topos tensors have at least one element")
     element = mlir_type.element_type
-    for dtype, mlir_class in _FLOAT_TYPES:
-        if isinstance(element, mlir_class):
-            return Spec(shape, dtype)
+    registered = registered_element(element)
+    if registered is not None:
+        return Spec(shape, registered.dtype)
     if isinstance(element, ir.IntegerType) and element.width == 64 and element.is_signless:
         if extent is None:
             raise _TypeProblem(f"{mlir_type} is a selection whose extent is unknown")
         return Spec(shape, SelectionType(extent))
     raise _TypeProblem(
-        f"{mlir_type} has element type {element}; topos tensors hold f32, f64, bf16 "
-        "or i64 selections"
+        f"{mlir_type} has element type {element}; topos tensors hold f32, f64, bf16, a registered "
+        "element's type or i64 selections"
     )
 
 
@@ -264,15 +289,19 @@ def elements_attribute(array: np.ndarray) -> ir.DenseElementsAttr:
     """A DenseElementsAttr holding exactly ``array``'s bits (float elements or int64 indices)."""
     if not array.flags.c_contiguous:
         array = array.copy(order="C")  # not np.ascontiguousarray: it makes rank 0 into rank 1
-    if array.dtype == bfloat16:
-        # The bindings read buffers by format character and know no bfloat16;
-        # the bits travel as uint16 under an explicit bf16 element type.
-        return ir.DenseElementsAttr.get(array.view(np.uint16), type=ir.BF16Type.get())
     if array.dtype.kind in "iu":
         return ir.DenseElementsAttr.get(array.astype(np.int64, copy=False))
     if array.dtype not in ELEMENTS:
         raise TypeError(f"a leaf payload of dtype {array.dtype} has no topos element type")
+    if array.dtype.char not in _BUFFER_FLOATS:
+        # The bindings read buffers by format character and know no bfloat16 or
+        # 8-bit float; the bits travel as unsigned integers under the element's type.
+        return ir.DenseElementsAttr.get(array.view(_BITS[array.dtype.itemsize]), type=element_type(array.dtype))
     return ir.DenseElementsAttr.get(array)
+
+
+_BUFFER_FLOATS = "efd"  # float16, float32, float64: the float formats the buffer protocol names
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 _HEX_BLOB = re.compile(r'^dense<"0x([0-9A-Fa-f]*)">')
@@ -282,34 +311,37 @@ def elements_array(attribute: ir.DenseElementsAttr) -> np.ndarray:
     """The payload of a DenseElementsAttr as a NumPy array with the same bits."""
     mlir_type = attribute.type
     shape = tuple(mlir_type.shape)
-    if isinstance(mlir_type.element_type, ir.BF16Type):
-        return _bf16_array(attribute, shape)
+    registered = registered_element(mlir_type.element_type)
+    if registered is not None and registered.dtype.char not in _BUFFER_FLOATS:
+        return _bits_array(attribute, shape, registered.dtype)
     return np.array(attribute, copy=True).reshape(shape)
 
 
-def _bf16_array(attribute: ir.Attribute, shape: tuple[int, ...]) -> np.ndarray:
-    # The bindings expose no buffer for bf16, so read the printed literal.
+def _bits_array(attribute: ir.Attribute, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    # The bindings expose no buffer for bf16 or an 8-bit float, so read the printed literal.
     # MLIR prints each element so that it parses back to the same bits
     # (decimal when that is exact, otherwise the hex bit pattern), and large
     # literals as one little-endian hex blob.
     text = str(attribute)
     count = int(np.prod(shape, dtype=np.int64))
+    unsigned = _BITS[dtype.itemsize]
     blob = _HEX_BLOB.match(text)
     if blob:
-        bits = np.frombuffer(bytes.fromhex(blob.group(1)), dtype="<u2")
+        bits = np.frombuffer(bytes.fromhex(blob.group(1)), dtype=np.dtype(unsigned).newbyteorder("<"))
     else:
         body = text[len("dense<") : text.rindex(">", 0, text.rindex(":"))]
         tokens = body.replace("[", " ").replace("]", " ").replace(",", " ").split()
-        bits = np.array([_bf16_bits(token) for token in tokens], dtype=np.uint16)
+        bits = np.array([_token_bits(token, dtype) for token in tokens], dtype=unsigned)
     if bits.size == 1 and count != 1:
-        bits = np.full(count, bits[0], dtype=np.uint16)
-    return bits.astype(np.uint16).view(bfloat16).reshape(shape).copy()
+        bits = np.full(count, bits[0], dtype=unsigned)
+    return bits.astype(unsigned).view(dtype).reshape(shape).copy()
 
 
-def _bf16_bits(token: str) -> int:
+def _token_bits(token: str, dtype: np.dtype) -> int:
     if token.lower().startswith(("0x", "-0x")):
-        return int(token, 16) & 0xFFFF
-    return int(np.array(float(token), dtype=np.float32).astype(bfloat16).view(np.uint16))
+        return int(token, 16) & ((1 << (8 * dtype.itemsize)) - 1)
+    # A decimal token is exact (MLIR prints one only then), so float32 holds it and the cast is exact.
+    return int(np.array(float(token), dtype=np.float32).astype(dtype).view(_BITS[dtype.itemsize]))
 
 
 # ---- the op base class -------------------------------------------------------------------

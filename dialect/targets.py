@@ -15,8 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from topos.element import element_of, is_element
 from topos.errors import AtTheUsersLine
 
 
@@ -26,18 +29,32 @@ class TargetError(AtTheUsersLine, ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """One IREE target: how to compile for it and which runtime driver runs it."""
+    """One IREE target: how to compile for it and which runtime driver runs it.
+
+    ``refuses`` maps the MLIR element types this IREE release cannot
+    compile or computes wrongly for the target to what was measured; a
+    plan holding one is a TargetError naming the element and the target.
+    """
 
     name: str
     flags: tuple[str, ...]
     driver: str
     f64_flags: tuple[str, ...] = ()
     supports_f64: bool = True
-    supports_bf16: bool = True
     note: str = ""
+    refuses: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+    @property
+    def supports_bf16(self) -> bool:
+        """Whether bfloat16 compiles and computes right here (not in ``refuses``)."""
+        return "bf16" not in self.refuses
 
 
 _COMMON = ("--iree-input-type=stablehlo",)
+
+# Measured with IREE 3.13 over the conformance families (topos.dialect.conformance_cases).
+_F8_UNLOWERED = "IREE 3.13 cannot lower 8-bit float conversions for it ({})"
+_F8 = ("f8E5M2", "f8E4M3FN")
 
 TARGETS: dict[str, Target] = {
     "llvm-cpu": Target(
@@ -60,16 +77,24 @@ TARGETS: dict[str, Target] = {
         "cuda",
         ("--iree-input-demote-f64-to-f32=false",),
         note="sm_80 PTX",
+        refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
+            "'LLVM Translation failed for operation: builtin.unrealized_conversion_cast'") for f8 in _F8}),
     ),
     "vulkan": Target(
         "vulkan",
         ("--iree-hal-target-backends=vulkan-spirv",),
         "vulkan",
         supports_f64=False,
-        # Measured on Mesa lavapipe: bf16 constants and broadcasts come back as zeros,
-        # log_softmax is wrong and matmul fails to compile ('vector.bitcast' not legalized).
-        supports_bf16=False,
         note="generic SPIR-V; runs on Mesa lavapipe without a GPU",
+        refuses=MappingProxyType({
+            # Measured on Mesa lavapipe: bf16 constants and broadcasts come back as zeros,
+            # log_softmax is wrong and matmul fails to compile ('vector.bitcast' not legalized).
+            "bf16": "it computes bfloat16 wrongly in this IREE release (zeros for constants and "
+                    "broadcasts on Mesa lavapipe)",
+            "f16": "it computes float16 wrongly in this IREE release (add, mul and sums come back "
+                   "wrong on Mesa lavapipe; matmul fails to compile: 'vector.bitcast' not legalized)",
+            **{f8: _F8_UNLOWERED.format("'builtin.unrealized_conversion_cast' left illegal") for f8 in _F8},
+        }),
     ),
     "metal": Target(
         "metal",
@@ -77,12 +102,16 @@ TARGETS: dict[str, Target] = {
         "metal",
         supports_f64=False,
         note="MSL source embedded; the Linux runtime wheel has no metal driver",
+        refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
+            "'spirv.Bitcast' op mismatch in result type bitwidth 8 and operand type bitwidth 32") for f8 in _F8}),
     ),
     "rocm": Target(
         "rocm",
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
         "hip",
         ("--iree-input-demote-f64-to-f32=false",),
+        refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
+            "'F8E5M2 and F8E4M3FN types are not supported on gfx942 (MI-300) or older chipsets'") for f8 in _F8}),
     ),
 }
 _ALIASES = {"cpu": "llvm-cpu", "vulkan-spirv": "vulkan", "metal-spirv": "metal", "hip": "rocm"}
@@ -184,14 +213,14 @@ def check_cpu(chosen: Target, cpu) -> None:
 
 
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
-              data_tiling: bool = False) -> tuple[str, ...]:
-    """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError."""
+              data_tiling: bool = False, elements: Iterable = ()) -> tuple[str, ...]:
+    """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError.
+
+    ``elements``: the module's element types (dtypes or their names); one
+    the target refuses (``Target.refuses``) is a TargetError naming it.
+    """
     check_cpu(chosen, cpu)
-    if uses_bf16 and not chosen.supports_bf16:
-        raise TargetError(
-            f"target {chosen.name} computes bfloat16 wrongly in this IREE release (zeros for constants "
-            "and broadcasts on Mesa lavapipe); record the graph in float32 for this target"
-        )
+    check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
     flags = list(_COMMON + chosen.flags)
     if chosen.name == "llvm-cpu":
         flags.append(CPU_FLAG + cpu)
@@ -209,6 +238,28 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
             )
         flags.extend(chosen.f64_flags)
     return tuple(flags)
+
+
+def check_elements(chosen: Target, elements: Iterable) -> None:
+    """Raise a TargetError naming the element and the target when ``chosen`` refuses one of ``elements``.
+
+    ``elements`` are dtypes (``np.float16``), their NumPy names
+    (``"float16"``) or the registered short names (``"f16"``); selections
+    and anything unregistered are skipped (the recording refused those).
+    """
+    for dtype in elements:
+        try:
+            element = element_of(dtype)
+        except (TypeError, ValueError):
+            continue
+        if not is_element(element.dtype) or element.mlir is None or element.mlir not in chosen.refuses:
+            continue
+        usable = [n for n, t in TARGETS.items() if element.mlir not in t.refuses]
+        raise TargetError(
+            f"target {chosen.name} cannot serve element {element.name} ({element.mlir}): "
+            f"{chosen.refuses[element.mlir]}; record the graph in float32 for {chosen.name}, or compile "
+            f"{element.name} for {', '.join(usable)}"
+        )
 
 
 def cpu_of(flags) -> str | None:

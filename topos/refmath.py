@@ -25,7 +25,8 @@ and bfloat16 correctly rounded on every sampled point) and caveats are in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import ml_dtypes
 import numpy as np
@@ -48,7 +49,6 @@ SUPPORTED = (
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT64 = np.dtype(np.float64)
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_ELEMENTS = (_FLOAT32, _FLOAT64, _BFLOAT16)
 
 
 def _w(high: int, low: int) -> float:
@@ -115,25 +115,94 @@ def _scale(y: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def round_once(x64: np.ndarray, dtype) -> np.ndarray:
-    """Round a float64 array to ``dtype`` (float32, float64, bfloat16) with one round-to-nearest-even.
+    """Round a float64 array to a registered element type with one round-to-nearest-even.
 
-    float32: NumPy's cast is the IEEE double-to-single conversion, a single
-    correct rounding. bfloat16: ml_dtypes casts float64 through float32,
-    which rounds twice (1 + 2**-8 + 2**-30 comes out as 1.0, not 1 + 2**-7),
-    so the rounding is done here directly on the float64 bits.
+    The element's own ``rounding`` does it (``topos.element.register``);
+    for the built-in three that is :func:`nearest_even`.
     """
     x64 = np.asarray(x64)
     if x64.dtype != _FLOAT64:
         raise ShapeError(f"round_once takes a float64 array, got {x64.dtype}; widen it first")
+    return _element(dtype, "round_once").rounding(x64)
+
+
+def _element(dtype, name: str):
+    """The registered element of ``dtype``, or a ShapeError naming it (the registry lives in topos.element)."""
+    from topos.element import ELEMENTS, element_of
+
+    if dtype not in ELEMENTS:
+        raise ShapeError(
+            f"refmath.{name}: unsupported element type {dtype}; "
+            f"the registered ones are {', '.join(d.name for d in ELEMENTS)}; register another with "
+            "topos.element.register(Element(...))"
+        )
+    return element_of(dtype)
+
+
+def nearest_even(dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """The rounding from float64 to ``dtype``: to nearest, ties to even, once; an Element's ``rounding``.
+
+    float64: a copy. float32: NumPy's cast, which is the IEEE
+    double-to-single conversion, a single correct rounding. bfloat16:
+    ml_dtypes casts float64 through float32, which rounds twice (1 + 2**-8 +
+    2**-30 comes out as 1.0, not 1 + 2**-7), so the rounding is done on the
+    float64 bits (:func:`_round_to_bfloat16`). Any other binary format
+    (float16, the ml_dtypes 8-bit floats) rounds by its ``finfo``: scale by
+    the spacing of its binade, ``rint``, scale back (all exact), so only
+    ``rint`` rounds (:func:`_nearest_even_by_spacing`).
+    """
     dtype = np.dtype(dtype)
     if dtype == _FLOAT64:
-        return x64.copy()
+        return _copy
     if dtype == _FLOAT32:
-        with np.errstate(over="ignore"):
-            return x64.astype(_FLOAT32)
+        return _round_to_float32
     if dtype == _BFLOAT16:
-        return _round_to_bfloat16(x64)
-    raise ShapeError(f"round_once: unsupported element type {dtype}; use float32, float64 or bfloat16")
+        return _round_to_bfloat16
+    return _nearest_even_by_spacing(dtype)
+
+
+def _copy(x64: np.ndarray) -> np.ndarray:
+    return x64.copy()
+
+
+def _round_to_float32(x64: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x64.astype(_FLOAT32)
+
+
+def _nearest_even_by_spacing(dtype: np.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """Round float64 to a binary format no wider than float32 through the spacing of each value's binade.
+
+    With ``q`` the spacing of the element's values in the binade of ``|x|``
+    (floored at the subnormal spacing), ``rint(|x| / q) * q`` is the
+    nearest value, ties to even, and only ``rint`` rounds: division and
+    multiplication by a power of two are exact here. A carry into the next
+    binade lands on its first value, as it should. Past the largest finite
+    value (and for infinities) the result is what the format's own cast
+    makes of infinity: infinity, NaN (float8_e4m3fn) or the largest value
+    (formats without either, which saturate); NaN becomes the cast's NaN.
+    """
+    info = ml_dtypes.finfo(dtype)
+    digits, lowest, largest = int(info.nmant), int(info.minexp), float(info.max)
+    with np.errstate(invalid="ignore"):
+        beyond = float(np.array([np.inf]).astype(dtype).astype(_FLOAT64)[0])
+        not_a_number = np.array([np.nan]).astype(dtype)[0]
+
+    def rounding(x64: np.ndarray) -> np.ndarray:
+        x64 = np.asarray(x64, dtype=_FLOAT64)
+        magnitude = np.abs(x64)
+        finite = np.isfinite(magnitude)
+        safe = np.where(finite, magnitude, 1.0)
+        binade = np.clip((safe.view(np.int64) >> 52) - 1023, lowest, None)  # the sign bit is clear
+        spacing = _pow2(binade - digits)
+        with np.errstate(invalid="ignore"):
+            nearest = np.rint(safe / spacing) * spacing
+            nearest = np.where((nearest > largest) | ~finite, beyond, nearest)
+            out = np.copysign(nearest, x64).astype(dtype)
+        return np.where(np.isnan(x64), not_a_number, out)
+
+    rounding.__name__ = rounding.__qualname__ = f"nearest_even_{dtype.name}"
+    return rounding
 
 
 _BF16_MIN_NORMAL = 2.0**-126
@@ -899,55 +968,65 @@ def _pow64(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-def _widen(x, name: str) -> tuple[np.ndarray, np.dtype, tuple[int, ...]]:
+def _widen(x, name: str):
+    """``x`` flattened and widened exactly to float64, its registered element, and its shape."""
     array = np.asarray(x)
-    if array.dtype not in _ELEMENTS:
-        raise ShapeError(
-            f"refmath.{name}: unsupported element type {array.dtype}; use float32, float64 or bfloat16"
-        )
-    return np.ascontiguousarray(array, dtype=np.float64).reshape(-1), array.dtype, array.shape
+    element = _element(array.dtype, name)
+    return np.ascontiguousarray(array, dtype=np.float64).reshape(-1), element, array.shape
 
 
-def _unary(name: str, kernel: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+def _unary(name: str) -> Callable[[np.ndarray], np.ndarray]:
     def apply(x: np.ndarray) -> np.ndarray:
-        flat, dtype, shape = _widen(x, name)
+        flat, element, shape = _widen(x, name)
         with np.errstate(all="ignore"):
-            y = kernel(flat)
-        return round_once(np.ascontiguousarray(y, dtype=np.float64), dtype).reshape(shape)
+            y = element.reference_math[name](flat)
+        return element.rounding(np.ascontiguousarray(y, dtype=np.float64)).reshape(shape)
 
     apply.__name__ = name
     apply.__qualname__ = name
     return apply
 
 
-exp = _unary("exp", _exp64)
+FLOAT64_KERNELS: Mapping[str, Callable[..., np.ndarray]] = MappingProxyType({
+    "exp": _exp64, "log": _log64, "log1p": _log1p64, "expm1": _expm1_64, "tanh": _tanh64,
+    "sin": _sin64, "cos": _cos64, "erf": _erf64, "erf_derivative": _erf_derivative64, "pow": _pow64,
+})
+"""The fdlibm kernels over float64 arrays, by function: the reference math of every built-in element.
+
+An element's function is its kernel on the exactly widened input, rounded
+once to the element (``pow`` takes two arrays).
+"""
+
+
+exp = _unary("exp")
 exp.__doc__ = "e**x, elementwise (fdlibm e_exp.c; under 1 ulp in float64)."
-log = _unary("log", _log64)
+log = _unary("log")
 log.__doc__ = "Natural logarithm; log(0) = -inf, log(negative) = nan (fdlibm e_log.c)."
-log1p = _unary("log1p", _log1p64)
+log1p = _unary("log1p")
 log1p.__doc__ = "log(1 + x) without losing small x; log1p(-1) = -inf (fdlibm s_log1p.c)."
-expm1 = _unary("expm1", _expm1_64)
+expm1 = _unary("expm1")
 expm1.__doc__ = "e**x - 1 without losing small x (fdlibm s_expm1.c)."
-tanh = _unary("tanh", _tanh64)
+tanh = _unary("tanh")
 tanh.__doc__ = "Hyperbolic tangent, built on expm1 (fdlibm s_tanh.c)."
-sin = _unary("sin", _sin64)
+sin = _unary("sin")
 sin.__doc__ = "Sine; huge arguments are reduced exactly (fdlibm k_sin.c + e_rem_pio2.c)."
-cos = _unary("cos", _cos64)
+cos = _unary("cos")
 cos.__doc__ = "Cosine; huge arguments are reduced exactly (fdlibm k_cos.c + e_rem_pio2.c)."
-erf = _unary("erf", _erf64)
+erf = _unary("erf")
 erf.__doc__ = "The error function 2/sqrt(pi) * integral of exp(-t*t) from 0 to x (fdlibm s_erf.c)."
-erf_derivative = _unary("erf_derivative", _erf_derivative64)
+erf_derivative = _unary("erf_derivative")
 erf_derivative.__doc__ = "2/sqrt(pi) * exp(-x*x), with x*x kept exact so large |x| stays accurate."
 
 
 def pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:  # noqa: A001 - the opcode's name
     """x**y elementwise with the C99 special cases (fdlibm e_pow.c); x and y share dtype and shape."""
-    fx, dtype, shape = _widen(x, "pow")
-    fy, dtype_y, shape_y = _widen(y, "pow")
-    if dtype != dtype_y or shape != shape_y:
+    fx, element, shape = _widen(x, "pow")
+    fy, element_y, shape_y = _widen(y, "pow")
+    if element is not element_y or shape != shape_y:
         raise ShapeError(
-            f"refmath.pow: operands must match, got {dtype}{list(shape)} and {dtype_y}{list(shape_y)}"
+            f"refmath.pow: operands must match, got {np.asarray(x).dtype}{list(shape)} and "
+            f"{np.asarray(y).dtype}{list(shape_y)}"
         )
     with np.errstate(all="ignore"):
-        value = _pow64(fx, fy)
-    return round_once(np.ascontiguousarray(value, dtype=np.float64), dtype).reshape(shape)
+        value = element.reference_math["pow"](fx, fy)
+    return element.rounding(np.ascontiguousarray(value, dtype=np.float64)).reshape(shape)

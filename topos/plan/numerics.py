@@ -15,6 +15,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from ..element import compute_type, round_to
@@ -251,8 +252,9 @@ def register_kernel(opcode_name: str, kernel: Callable, fidelity: Fidelity, *, e
                     f"{differ} of {want.size} elements differ from the reference kernel's bits; declare "
                     "Fidelity.ENVELOPE with its envelope, or fix the kernel")
         else:
+            assert envelope is not None  # checked above: an ENVELOPE kernel names its envelope
             wide_got, wide_want = got.astype(np.float64), want.astype(np.float64)
-            eps = float(np.finfo(np.float32 if want.dtype.itemsize < 4 else want.dtype).eps)
+            eps = float(ml_dtypes.finfo(want.dtype).eps)  # the envelope counts units of the element
             scale = (accumulation_scale(opcode_name, attributes, arrays) if envelope.accumulates
                      else np.abs(wide_want))
             bound = envelope.ulps * eps * scale + np.finfo(np.float64).tiny
