@@ -35,11 +35,11 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpt import mlp_s, small_gpt  # noqa: E402
-from _timing import table  # noqa: E402
+from _timing import median_seconds, table  # noqa: E402
+from compiled import module_runner  # noqa: E402  (the same local-sync harness as the compiled benchmark)
 
 VARIANTS = {
     "topos flags": ((), ()),
@@ -53,22 +53,7 @@ MODELS = {"mlp-s": mlp_s, "gpt": small_gpt}
 
 
 def step_ms(vmfb: bytes, arguments, steps: int = 50) -> float:
-    import iree.runtime as rt
-
-    config = rt.Config("local-sync")
-    context = rt.SystemContext(config=config)
-    module = rt.VmModule.copy_buffer(context.instance, vmfb)
-    context.add_vm_module(module)
-    function = context.modules[module.name]["main"]
-    on_device = [rt.asdevicearray(config.device, np.asarray(a)) for a in arguments]
-    for _ in range(5):
-        function(*on_device)
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        function(*on_device)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(module_runner(vmfb, arguments).step, steps)
 
 
 def main() -> None:

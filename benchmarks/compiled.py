@@ -245,10 +245,15 @@ WHAT_IF_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
 
 def standalone_module(stablehlo: str, flags, arguments) -> Runner:
     """StableHLO compiled with ``flags`` into its own local-sync context, called on device copies of ``arguments``."""
-    import iree.runtime as rt
     from topos.dialect.compiled import compile_stablehlo
 
-    vmfb = compile_stablehlo(stablehlo, flags)
+    return module_runner(compile_stablehlo(stablehlo, flags), arguments)
+
+
+def module_runner(vmfb: bytes, arguments) -> Runner:
+    """A compiled module in its own local-sync context, called on device copies of ``arguments``."""
+    import iree.runtime as rt
+
     config = rt.Config("local-sync")
     context = rt.SystemContext(config=config)
     module = rt.VmModule.copy_buffer(context.instance, vmfb)

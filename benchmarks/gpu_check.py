@@ -36,13 +36,12 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
-from _timing import table  # noqa: E402
+from _timing import median_seconds, table  # noqa: E402
 
 import topos
 from topos import Numerics
@@ -171,14 +170,7 @@ MODELS = ("mlp-s", "mlp-m", "gpt", "makemore-mlp", "makemore-transformer", "lene
 
 
 def _median_ms(run, steps: int) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(run, steps)
 
 
 def benchmark(target: str, steps: int, models=MODELS) -> None:
