@@ -195,7 +195,12 @@ def test_raised_training_step_matches_the_oracle_within_the_envelopes(case):
     assert graded == set(GRADIENTS) - (set() if pool else {"max_pool_gradient"})
 
 
-@pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
+# float32 by default; float64 and bfloat16 (about 10 s more) under -m slow.
+LENET_ELEMENTS = [p if p.id == "f32" else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
+                  for p in ELEMENT_PARAMETERS]
+
+
+@pytest.mark.parametrize("dtype", LENET_ELEMENTS)
 def test_raised_lenet_step_matches_the_oracle_in_every_element_type(dtype):
     network, roots = lenet(np.dtype(dtype), side=12)
     assert _grade(network, roots, np.dtype(dtype)) == set(GRADIENTS)
