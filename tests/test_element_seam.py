@@ -270,9 +270,10 @@ def test_the_generic_rounding_gives_bfloat16_its_own_bits():
 
 
 def test_convert_rounds_wide_sources_once_where_numpys_cast_rounds_twice(registered):
-    # ml_dtypes casts float64 into float8 through float32: 1 + 2**-3 + 2**-30 is a tie there.
+    # ml_dtypes before 0.7 casts float64 into float8 through float32, where 1 + 2**-3 + 2**-30 is
+    # a tie (1.0); 0.7 rounds once (1.25). topos must round once whichever is installed.
     x = np.array([1 + 2.0**-3 + 2.0**-30])
-    assert float(x.astype(ml_dtypes.float8_e5m2)[0]) == 1.0
+    assert float(x.astype(ml_dtypes.float8_e5m2)[0]) in (1.0, 1.25)
     assert float(convert(x, ml_dtypes.float8_e5m2)[0]) == 1.25
 
     def model(tape):

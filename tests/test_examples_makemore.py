@@ -192,6 +192,7 @@ def test_the_command_line_prints_the_error_not_a_traceback(tmp_path):
     assert done.stderr.startswith("error: cannot read the names file") and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # torch and jax load and train too: about half a minute of the default run
 def test_twin_benchmark_runs_and_its_curves_agree(cache):
     # --tiny is the sizes the tests above train mlp and transformer at: their compiles are in the cache.
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "makemore_twins.py"), "--tiny", "--steps", "5",

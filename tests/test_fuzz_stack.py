@@ -70,7 +70,7 @@ SETTINGS = dict(deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 HOST_GRAPHS = 400  # checks 1, 2 and 4 in the default run
-IREE_BATCHES, BATCH = 6, 8  # check 3 in the default run: 6 compiles of 8 graphs each
+IREE_BATCHES, BATCH = 4, 8  # check 3 in the default run: 4 compiles of 8 graphs each
 SLOW_HOST_GRAPHS = 10_000
 SLOW_IREE_BATCHES = 125  # 1,000 graphs, every tenth of the slow run's count
 HAS_LINKER = bool(shutil.which("ld") or shutil.which("cc"))  # float64 on llvm-cpu links a shared object
