@@ -46,7 +46,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from topos.errors import ToposError
+from topos.errors import AtTheUsersLine
 
 from .compiled import CompiledPlan, _compile, module_flags, toolchain_version
 from .conformance import END_TO_END_ULPS
@@ -65,7 +65,7 @@ _STRIPPED_CPU = ("--iree-llvmcpu-debug-symbols=false",)
 _LOCATED_FILE = re.compile(r'loc\("([^"]+)":(\d+):(\d+)\)')
 
 
-class ExportError(ToposError, ValueError):
+class ExportError(AtTheUsersLine, ValueError):
     """An export refused: an existing folder, an unwritable path, missing feeds, a target that cannot."""
 
 

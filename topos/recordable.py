@@ -432,9 +432,15 @@ def direct_kernel(opcode, attributes):
     it is imported here, at the first call, because the plan package
     imports this module.
     """
-    from .plan.numerics import REGISTERED, Numerics, current_posture, kernel_for
+    global _numerics
+    if _numerics is None:  # once per process, not once per Eager operation on the backward scan's path
+        from .plan import numerics as _loaded
 
-    chosen = current_posture()
-    if chosen is Numerics.EXACT and not REGISTERED:
+        _numerics = _loaded
+    chosen = _numerics.current_posture()
+    if chosen is _numerics.Numerics.EXACT and not _numerics.REGISTERED:
         return lambda *arrays: opcode.kernel(*arrays, **attributes)
-    return kernel_for(opcode, dict(attributes), chosen)
+    return _numerics.kernel_for(opcode, dict(attributes), chosen)
+
+
+_numerics = None  # topos.plan.numerics, bound at the first direct_kernel call
