@@ -15,7 +15,7 @@ five minutes there). It first checks that ``iree.runtime`` has a working
    evidence for a ``TARGET_TABLES["cuda"]`` entry or a new divergence.
 2. Benchmark: one step of every model of docs/performance.md (MLP
    784-128-10 and 784-1024-1024-10, the 2-block GPT, makemore's MLP and
-   transformer, a LeNet loss-and-gradients step, GPT-2 124M forward at
+   transformer, the MNIST example's LeNet training step, GPT-2 124M forward at
    T=128; float32) with parameters resident on the device, on the target
    and on llvm-cpu, and the NumPy FAST plan for scale; median
    milliseconds per step and compile seconds. It never asserts timings.
@@ -102,71 +102,11 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
 
 # ---- 2. benchmark -----------------------------------------------------------------------------
 #
-# Every model of docs/performance.md: what the step does and how it is built. Each builder returns
-# (network, roots, feeds, updates, loss); a step with updates runs as compiled.step with the
-# parameters resident, one without (LeNet's loss and gradients, GPT-2's forward) as a resident
-# step that updates nothing.
+# Every model of docs/performance.md, recorded by _zoo.py. A step with updates runs as compiled.step
+# with the parameters resident, one without (GPT-2's forward) as a resident step that updates nothing.
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for _path in (HERE, os.path.join(HERE, "..", "examples"), os.path.join(HERE, "..", "examples", "gpt2")):
-    sys.path.insert(0, _path)
-
-
-def _gpt_workload(build):
-    workload = build()
-    return (workload.trained, workload.updates.roots(workload.loss), workload.feeds, workload.updates,
-            workload.loss)
-
-
-def _makemore(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"makemore_{name}", os.path.join(
-        HERE, "..", "examples", "makemore", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from series import windows  # examples/makemore is on sys.path once the example is loaded
-
-    args = module.command_line().parse_args([])
-    names, (xs, ys), _, picks = windows(args, args.context)
-    rows = picks[0]
-    if name == "mlp":
-        network, (loss, updates) = module.recorder(names, args, args.batch, "sgd")
-        feeds = {"context": xs[rows], "next": ys[rows]}
-    else:  # the transformer's targets are one per position, flat (examples/makemore/transformer.py)
-        network, (loss, updates, _, _) = module.recorder(names, args)
-        feeds = {"context": xs[rows], "next": module.targets(names, xs, ys)[rows].reshape(-1)}
-    return network, updates.roots(loss), feeds, updates, loss
-
-
-def _lenet():
-    from _models import conv_net
-
-    model = conv_net(batch=32, channels=1, side=28, filters=6)
-    feeds = {network_input: value for network_input, value in model.feeds.items()}
-    return model.trained, model.adjoints.roots(), feeds, topos.Updates(()), model.loss
-
-
-def _gpt2_forward():
-    from gpt2 import Config, record_generation
-
-    config = Config.preset("124M")
-    network, generation = record_generation(config, batch=1, length=128, seed=0, draw=True)
-    tokens = np.array(topos.init.Generator(1).integers((1, 128), 0, config.vocabulary))
-    return (network, [generation.prefill_logits], {generation.tokens: tokens}, topos.Updates(()),
-            generation.prefill_logits)
-
-
-def _models() -> dict:
-    from _gpt import mlp_m, mlp_s, small_gpt
-
-    return {"mlp-s": lambda: _gpt_workload(mlp_s), "mlp-m": lambda: _gpt_workload(mlp_m),
-            "gpt": lambda: _gpt_workload(small_gpt), "makemore-mlp": lambda: _makemore("mlp"),
-            "makemore-transformer": lambda: _makemore("transformer"), "lenet": _lenet,
-            "gpt2-124m-forward": _gpt2_forward}
-
-
-MODELS = ("mlp-s", "mlp-m", "gpt", "makemore-mlp", "makemore-transformer", "lenet", "gpt2-124m-forward")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _zoo import MODELS, build, too_large  # noqa: E402
 
 
 def _median_ms(run, steps: int) -> float:
@@ -175,11 +115,14 @@ def _median_ms(run, steps: int) -> float:
 
 def benchmark(target: str, steps: int, models=MODELS) -> None:
     """One step of every model on ``target`` and on llvm-cpu, parameters resident; the NumPy FAST plan for scale."""
-    builders = _models()
     rows = []
     for model in models:
-        network, roots, feeds, updates, loss = builders[model]()
-        parameters = network.parameters()
+        if (reason := too_large(model)) is not None:
+            print(reason, flush=True)
+            continue
+        built = build(model)
+        network, roots, feeds, updates, loss = built.network, built.roots, built.feeds(0), built.updates, built.read
+        parameters = built.parameters
         cells = [model]
         for name in dict.fromkeys([target, "llvm-cpu"]):
             started = time.perf_counter()
@@ -206,7 +149,7 @@ def benchmark(target: str, steps: int, models=MODELS) -> None:
     if target != "llvm-cpu":
         header += ["llvm-cpu ms", "llvm-cpu compile s"]
     print(table(header + ["NumPy FAST plan ms"], rows))
-    print("jax.jit on the same device: run benchmarks/compiled.py (its peers) where jax has that device's "
+    print("jax.jit on the same device: run benchmarks/versus_jax.py (the same models) where jax has that device's "
           "plugin; this script needs only topos and IREE")
 
 

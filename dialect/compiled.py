@@ -9,7 +9,9 @@ and a module built for a CPU this machine lacks dies of SIGILL, so any
 module is tried once in a child before it runs here. Device state knows
 the network and the device it belongs to, and every array handed to the
 caller is its own read-only copy, never a view of a device buffer that a
-later step reads.
+later step reads. Runs call the module through ``VmContext.invoke``
+(``_Invoker``), not iree.runtime's FunctionInvoker, whose per-call Python
+was most of a small training step's host time (benchmarks/host_overhead.py).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from topos.copies import own
-from topos.element import SelectionType
+from topos.element import SelectionType, convert
 from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 from topos.provenance import user_site
@@ -223,7 +227,7 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None) -> tu
     """
     if data_tiling is None:
         data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
-    elements = {str(plan.network._specs[n].dtype) for n in plan.schedule}
+    elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
                      data_tiling=data_tiling, elements=elements)
 
@@ -338,7 +342,11 @@ class CompiledPlan:
         )
         self.results = tuple(plan.entry._readable)
         self._argument_kinds = tuple((i, network._opcodes[i].name == "parameter") for i in self.arguments)
-        self._function = None
+        self._wanted = frozenset(self.arguments)
+        self._parameters = tuple(i for i, is_parameter in self._argument_kinds if is_parameter)  # they come first
+        self._inputs = _argument_inputs(network, self.arguments)
+        self._function = None  # iree.runtime's FunctionInvoker of @main (benchmarks call it directly)
+        self._invoker: _Invoker | None = None  # the path every run takes: VmContext.invoke, no FunctionInvoker
         self._device = None
         self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
         self._loading = threading.Lock()
@@ -390,6 +398,7 @@ class CompiledPlan:
                         f"{self.target.name}: {again}"
                     ) from None
             self._context, self._device, self._function = context, config.device, function
+            self._invoker = _Invoker(context.vm_context, config.device, function.vm_function, self)
         return self._function
 
     def _register(self, config):
@@ -442,24 +451,50 @@ class CompiledPlan:
 
     # -- running ---------------------------------------------------------------------------
     def _arguments(self, parameters, feeds, resident=None):
+        """The module's arguments as host arrays, resident parameters as DeviceArrays (export, benchmarks)."""
         network = self.plan.network
         bound_feeds = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
         if resident is not None:  # a training step: the parameters are on the device already
             device = resident._device_arrays
             return [device[i] if is_parameter else source_value(network, i, device, bound_feeds)
                     for i, is_parameter in self._argument_kinds]
-        bound_parameters = bind_parameters(network, parameters, set(self.arguments))
+        bound_parameters = bind_parameters(network, parameters, self._wanted)
         return [source_value(network, i, bound_parameters, bound_feeds) for i in self.arguments]
+
+    def _values(self, parameters, feeds) -> list:
+        """What ``_Invoker`` pushes for ``forward``, in the module's order, every feed checked."""
+        values = self._bind_inputs(feeds)
+        bound = bind_parameters(self.plan.network, parameters, self._wanted)
+        for k, i in enumerate(self._parameters):
+            values[k] = bound[i]
+        return values
+
+    def _bind_inputs(self, feeds) -> list:
+        """One slot per argument: each input's checked value (fed, or its recorded payload); None for a parameter.
+
+        Feeds of the common kind (an array of the input's element type and
+        shape, in bounds for a selection; a Python float for a rank-0 input)
+        are checked here in a few comparisons; anything else, and every
+        mistake, goes through ``bind_feeds``, whose errors name the user's line.
+        """
+        values = _bind_common(self._inputs, feeds)
+        return self._bind_general(feeds) if values is None else values
+
+    def _bind_general(self, feeds) -> list:
+        network = self.plan.network
+        fed = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
+        return [None if is_parameter else source_value(network, i, {}, fed) for i, is_parameter in self._argument_kinds]
 
     def forward(self, parameters, feeds=None) -> CompiledRun:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
-        args = self._arguments(parameters, feeds)  # checked before the device is touched
-        return CompiledRun(self, self._call(self._load(), args))
+        values = self._values(parameters, feeds)  # checked before the device is touched
+        self._load()
+        return CompiledRun(self, self._call(self._invoker, values))
 
-    def _call(self, function, args) -> tuple:
+    def _call(self, invoke, values) -> _Results:
         """Invoke the module; IREE's failures become ToposErrors that say what happened."""
         try:
-            return _as_tuple(function(*args))
+            return invoke(values)
         except Exception as error:
             raise _runtime_error(self, error) from None
 
@@ -467,13 +502,13 @@ class CompiledPlan:
         """Copy a Parameters table to the device once; ``step`` keeps it there."""
         import iree.runtime as rt
 
-        bound = bind_parameters(self.plan.network, parameters, set(self.arguments))
+        bound = bind_parameters(self.plan.network, parameters, self._wanted)
         self._load()
         try:
             arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
         except Exception as error:
             raise _runtime_error(self, error) from None
-        return ResidentParameters(parameters, arrays, self)
+        return ResidentParameters(parameters, {i: (_Results.of(a), 0) for i, a in arrays.items()}, self)
 
     def step(self, state: ResidentParameters, feeds, updates) -> tuple[ResidentParameters, CompiledRun]:
         """One training step on device: new parameters stay resident; read the loss from the run.
@@ -483,23 +518,34 @@ class CompiledPlan:
         node holding its next value (``topos.sgd(...)`` records one); those
         nodes must be entry results.
         """
-        positions = self._update_positions(updates)
-        self._load()
-        self._check_state(state)
-        args = self._arguments(None, feeds, resident=state)
-        outputs = self._call(self._function, args)
-        run = CompiledRun(self, outputs)
-        arrays = dict(state._device_arrays)
+        # The path every training step takes: one frame, the common case first.
+        checked = self._checked_updates
+        positions = checked[1] if updates is checked[0] else self._update_positions(updates)
+        if self._invoker is None:
+            self._load()
+        if type(state) is not ResidentParameters or state._plan is not self:
+            self._check_state(state)
+        values = _bind_common(self._inputs, feeds)
+        if values is None:
+            values = self._bind_general(feeds)
+        sources = state._sources
+        for k, i in enumerate(self._parameters):  # the parameters are the first arguments
+            results, position = sources[i]
+            values[k] = results._list.get_as_ref(position)
+        outputs = self._call(self._invoker, values)
+        sources = dict(sources)
         for parameter, position in positions:
-            arrays[parameter] = outputs[position]
-        return ResidentParameters(state._template, arrays, self), run
+            sources[parameter] = (outputs, position)
+        if len(positions) < len(sources):  # a parameter kept: hold its own buffer, not an earlier step's results
+            _detach(sources, outputs)
+        return ResidentParameters(state._template, sources, self), CompiledRun(self, outputs)
 
     def _update_positions(self, updates) -> tuple[tuple[int, int], ...]:
         """(parameter index, result position) per update, once checked to belong to this plan."""
-        from topos import Updates
-
         if updates is self._checked_updates[0]:  # Updates are immutable: checked once
             return self._checked_updates[1]
+        from topos import Updates
+
         if not isinstance(updates, Updates):
             raise FeedError(
                 f"{user_site()}: step takes the Updates that topos.sgd(...) or an optimizer's record(...) "
@@ -552,7 +598,7 @@ class CompiledPlan:
                 f"{self.driver}; move it with compiled.resident(state.to_host())"
             )
         for i in self.arguments:
-            if network._opcodes[i].name == "parameter" and i not in state._device_arrays:
+            if network._opcodes[i].name == "parameter" and i not in state._sources:
                 label = f"%{i}" + (f" ({network._names[i]})" if i in network._names else "")
                 raise FeedError(
                     f"{user_site()}: this device state has no array for parameter {label}, which this plan "
@@ -588,8 +634,194 @@ class CompiledPlan:
         return compiled_card(self)
 
 
-def _as_tuple(outputs) -> tuple:
-    return outputs if isinstance(outputs, tuple) else (outputs,)
+class _Input(NamedTuple):
+    """One input the module reads, as ``_bind_common`` checks a feed of it."""
+
+    slot: int  # its position among the module's arguments
+    shape: tuple[int, ...]
+    dtype: np.dtype  # int64 for a selection
+    rows: int  # a selection's table rows, every index below it; 0 for numbers
+    number: bool  # rank 0 and not a selection: a Python float may feed it
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The inputs among a plan's arguments: found by Symbol or name, and the payloads of those not fed."""
+
+    by_key: Mapping[object, _Input]
+    arguments: int  # how many arguments the module takes
+    count: int  # how many of them are inputs
+    defaults: tuple[tuple[int, np.ndarray], ...]  # (slot, recorded payload) of each input that need not be fed
+
+
+def _argument_inputs(network, arguments) -> _Inputs:
+    by_key: dict[object, _Input] = {}
+    defaults = []
+    for slot, i in enumerate(arguments):
+        if network._opcodes[i].name != "input":
+            continue
+        spec = network._specs[i]
+        selection = isinstance(spec.dtype, SelectionType)
+        entry = _Input(slot, tuple(spec.shape), np.dtype(np.int64) if selection else np.dtype(spec.dtype),
+                       spec.dtype.extent if selection else 0, not selection and spec.shape == ())
+        by_key[network.symbol(i)] = entry
+        if i in network._names:
+            by_key[network._names[i]] = entry
+        if i not in network._required:
+            defaults.append((slot, network._payloads[i]))
+    count = sum(1 for i in arguments if network._opcodes[i].name == "input")
+    return _Inputs(by_key, len(arguments), count, tuple(defaults))
+
+
+def _bind_common(inputs: _Inputs, feeds) -> list | None:
+    """One slot per argument, inputs filled, when every feed is of the common kind and every required input is fed.
+
+    The common kind is what ``bind_feeds`` would hand back unchanged: a
+    NumPy array of the input's element type and shape (int64 in bounds for
+    a selection), or a Python float for a rank-0 number, which ``_Invoker``
+    converts as ``bind_feeds`` would. None leaves every decision, and every
+    error message, to ``bind_feeds``.
+    """
+    values: list = [None] * inputs.arguments
+    filled = 0
+    try:
+        for key, value in (feeds or {}).items():
+            slot, shape, dtype, rows, number = inputs.by_key[key]
+            if type(value) is np.ndarray:
+                if value.shape != shape or (value.dtype is not dtype and value.dtype != dtype):
+                    return None
+                # argmax/argmin rather than min()/max(): they skip NumPy's ufunc machinery, which a step
+                # pays for cold, after the module ran (measured: benchmarks/host_overhead.py).
+                if rows and not (value.item(value.argmax()) < rows and value.item(value.argmin()) >= 0):
+                    return None
+            elif type(value) is not float or not number:
+                return None
+            if values[slot] is None:
+                filled += 1
+            values[slot] = value
+    except Exception:  # no input's key, an unhashable one, feeds that are no mapping: bind_feeds says which
+        return None
+    if filled < inputs.count:
+        for slot, payload in inputs.defaults:
+            if values[slot] is None:
+                values[slot] = payload
+                filled += 1
+        if filled < inputs.count:
+            return None  # a required input not fed
+    return values
+
+
+class _Invoker:
+    """``@main`` called through ``VmContext.invoke``: what iree.runtime's FunctionInvoker does, minus its Python.
+
+    FunctionInvoker looks up a packer per argument by its Python type and
+    wraps every result in a DeviceArray on every call. Here the order and
+    element types are fixed once per plan: device state is pushed as the
+    VmRef it is, a host array is copied to the device as FunctionInvoker's
+    packer copies one (DEVICE_LOCAL, usage DEFAULT | MAPPING, C order), a
+    rank-0 input fed the same Python float object as last call reuses its
+    device copy, and results become DeviceArrays only when read. Our
+    modules carry no ``iree.abi`` reflection, so FunctionInvoker runs them
+    in its dynamic mode: the same element types, no dtype overrides.
+    """
+
+    def __init__(self, vm_context, device, vm_function, compiled: CompiledPlan):
+        import iree.runtime as rt
+
+        network = compiled.plan.network
+        self._invoke = vm_context.invoke
+        self._function = vm_function
+        self._device = device
+        self._allocate = device.allocator.allocate_buffer_copy
+        self._memory = int(rt.MemoryType.DEVICE_LOCAL)
+        self._usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
+        self._list, self._ref = rt.VmVariantList, rt.VmRef
+        self._element_type = rt.array_interop.map_dtype_to_element_type
+        self._dtypes = tuple(np.dtype(np.int64) if isinstance(network._specs[i].dtype, SelectionType)
+                             else np.dtype(network._specs[i].dtype) for i in compiled.arguments)
+        self._element_types = tuple(self._element_type(d) for d in self._dtypes)
+        self._results = len(compiled.results)
+        # Per argument: the Python float fed last and its device copy (floats are immutable: `is` is the test).
+        self._numbers: list[tuple] = [(None, None)] * len(self._dtypes)
+
+    def __call__(self, values: list) -> _Results:
+        arguments, ref = self._list(len(values)), self._ref
+        push = arguments.push_ref
+        for k, value in enumerate(values):
+            kind = type(value)
+            if kind is ref:
+                push(value)
+            elif kind is float:
+                push(self._number(k, value))
+            else:
+                push(self._upload(k, value))
+        results = self._list(self._results)
+        self._invoke(self._function, arguments, results)
+        return _Results(results, self._device)
+
+    def _upload(self, k: int, array: np.ndarray):
+        dtype = self._dtypes[k]
+        element_type = self._element_types[k] if array.dtype is dtype or array.dtype == dtype else (
+            self._element_type(array.dtype))
+        try:
+            view = self._allocate(self._memory, self._usage, self._device, array, element_type)
+        except ValueError:  # "ndarray is not C-contiguous": the packer copied such an array into C order
+            if array.flags.c_contiguous:
+                raise
+            view = self._allocate(self._memory, self._usage, self._device, np.ascontiguousarray(array), element_type)
+        return view.ref
+
+    def _number(self, k: int, value: float):
+        last, ref = self._numbers[k]
+        if last is not value:
+            ref = self._upload(k, convert(value, self._dtypes[k]))  # bind_feeds's conversion of a number
+            self._numbers[k] = (value, ref)
+        return ref
+
+
+class _Results:
+    """Device values of one call: VmRefs to pass to the next call, DeviceArrays made when first read."""
+
+    __slots__ = ("_list", "_device", "_arrays")
+
+    def __init__(self, values, device, arrays: dict | None = None):
+        self._list = values  # an iree.runtime.VmVariantList of HalBufferViews
+        self._device = device
+        self._arrays: dict[int, object] = {} if arrays is None else arrays
+
+    @staticmethod
+    def of(array) -> _Results:
+        """One DeviceArray as a one-entry _Results (a resident parameter before its first step)."""
+        import iree.runtime as rt
+
+        values = rt.VmVariantList(1)
+        values.push_ref(array._buffer_view.ref)
+        return _Results(values, array._device, {0: array})
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def __getitem__(self, k: int):
+        """Result ``k`` as an iree.runtime.DeviceArray, the same object at every read (as FunctionInvoker made it)."""
+        array = self._arrays.get(k)
+        if array is None:
+            import iree.runtime as rt
+
+            array = rt.DeviceArray(self._device, self._list.get_as_object(k, rt.HalBufferView),
+                                   implicit_host_transfer=True)
+            array = self._arrays.setdefault(k, array)  # two threads reading at once keep one array
+        return array
+
+
+def _detach(sources: dict, outputs: _Results) -> None:
+    """Point each parameter a step kept at a one-entry _Results of its own buffer.
+
+    A kept parameter may still name an earlier step's results, which hold
+    that step's every buffer; state must not keep those alive.
+    """
+    for parameter, (results, position) in sources.items():
+        if results is not outputs and len(results) > 1:
+            sources[parameter] = (_Results.of(results[position]), 0)
 
 
 def _runtime_error(compiled: CompiledPlan, error: Exception) -> ToposError:
@@ -653,7 +885,7 @@ def _staged_to_host(array) -> np.ndarray:
 class CompiledRun:
     """Results of one compiled call; ``run[symbol]`` is a read-only host copy of that result, the caller's own."""
 
-    def __init__(self, compiled: CompiledPlan, outputs: tuple):
+    def __init__(self, compiled: CompiledPlan, outputs: _Results):
         self._compiled = compiled
         self._outputs = outputs
         self._host: dict[int, np.ndarray] = {}  # host views of results, kept private
@@ -687,12 +919,17 @@ class ResidentParameters:
     device, so ``step`` refuses it anywhere else.
     """
 
-    def __init__(self, template, device_arrays: dict, plan: CompiledPlan):
+    def __init__(self, template, sources: dict, plan: CompiledPlan):
         self._template = template
-        self._device_arrays = device_arrays
+        self._sources = sources  # parameter index -> (_Results holding its device buffer, position there)
         self._plan = plan
         self._device = plan._device
         self._driver = plan.driver
+
+    @property
+    def _device_arrays(self) -> dict:
+        """Parameter index -> its DeviceArray (made on first read, then the same object)."""
+        return {i: results[position] for i, (results, position) in self._sources.items()}
 
     def names(self) -> tuple[str, ...]:
         """The slot names of the table this state was made from, in slot order; ``device(name)`` reads one."""
@@ -702,17 +939,18 @@ class ResidentParameters:
         """The parameter's array on the device (an IREE DeviceArray; no host copy)."""
         slot = self._template._slot(symbol)  # a SymbolError for a symbol of another network
         index = self._template.symbols()[slot].index  # a name works too
-        if index not in self._device_arrays:
+        if index not in self._sources:
             raise SymbolError(f"{symbol!r} is not a parameter the compiled plan reads")
-        return self._device_arrays[index]
+        results, position = self._sources[index]
+        return results[position]
 
     def to_host(self):
         """Copy back to a host Parameters table (the only host transfer of the training loop)."""
         pairs = []
         for symbol in self._template.symbols():
-            device = self._device_arrays.get(symbol.index)
-            pairs.append((symbol, self._template[symbol] if device is None else to_host(device)))
+            source = self._sources.get(symbol.index)
+            pairs.append((symbol, self._template[symbol] if source is None else to_host(source[0][source[1]])))
         return self._template._like(pairs)
 
     def __repr__(self) -> str:
-        return f"<ResidentParameters: {len(self._device_arrays)} arrays on {self._driver}>"
+        return f"<ResidentParameters: {len(self._sources)} arrays on {self._driver}>"

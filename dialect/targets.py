@@ -59,14 +59,18 @@ _F8 = ("f8E5M2", "f8E4M3FN")
 TARGETS: dict[str, Target] = {
     "llvm-cpu": Target(
         "llvm-cpu",
-        ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu"),
+        # No constant evaluation: IREE's JIT of constant subexpressions cost 15-20%
+        # of a training step's compile (JitGlobalsPass 0.36-0.48 s of MLP 784-128-10's
+        # 2.4-2.9 s; GPT step 11.5 -> 9.8 s, benchmarks/compile_flags.py) and bought
+        # no measurable step time; our lowering already folds the constants that
+        # matter on the host. It also linked float64 JIT dispatches with the embedded
+        # linker, which has no libm ('undefined symbol: sin').
+        ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+         "--iree-opt-const-eval=false"),
         "local-sync",
         # IREE demotes f64 to f32 by default, and its embedded ELF has no libm
-        # for f64 tanh: keep f64 and link a system shared object instead. IREE's
-        # constant evaluation links its JIT dispatches with the embedded linker all the
-        # same ('undefined symbol: sin' for sin of a float64 constant): turn it off.
-        ("--iree-input-demote-f64-to-f32=false", "--iree-llvmcpu-link-embedded=false",
-         "--iree-opt-const-eval=false"),
+        # for f64 tanh: keep f64 and link a system shared object instead.
+        ("--iree-input-demote-f64-to-f32=false", "--iree-llvmcpu-link-embedded=false"),
         note="compiled and run on every test run",
     ),
     "cuda": Target(
@@ -130,11 +134,15 @@ def target(name: str) -> Target:
 
 # IREE's data tiling packs matmul operands into cache-sized tiles and runs
 # its microkernels on them. Packing is paid per call, so it wins only when
-# a matmul is big enough to amortize it: measured on llvm-cpu (2-core EPYC,
-# benchmarks/compiled.py), a 784-1024-1024 MLP step (largest matmul ~2^26.6
-# multiply-adds) ran 18% faster with it, a 784-128-10 MLP step (~2^22.6)
-# 39% slower and a small GPT step (~2^25) 4% slower.
-DATA_TILING_THRESHOLD = 2**26
+# a matmul is big enough to amortize it. Measured on llvm-cpu with
+# benchmarks/data_tiling.py (2-core AMD EPYC, Zen 3, 2026-12-01; module time
+# tiled / untiled): 784-1024-1024 MLP step (largest matmul 2^27 multiply-adds)
+# 0.49-0.53, the small GPT step (2^25) 0.82, GPT-2 124M forward (2^32) 0.89;
+# below 2^25 nothing gained: the MNIST LeNet step (2^23.8) 0.99-1.15, the
+# 784-128-10 MLP step (2^22.6) 1.02-1.04, makemore's steps 0.84-1.13 (noise).
+# (On a Zen 4 machine an earlier run put the small GPT at 1.04: the threshold
+# is a measurement of this machine; compile(data_tiling=...) overrides it.)
+DATA_TILING_THRESHOLD = 2**25
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
 
 

@@ -212,13 +212,14 @@ class Plan:
         import hashlib
 
         network, h = self.network, hashlib.sha256()
+        names: dict = {}  # str(dtype) is slow in NumPy, and a plan has few element types
         for n in self.schedule:
             spec = network._specs[n]
+            dtype = names.get(spec.dtype) or names.setdefault(spec.dtype, str(spec.dtype))
             h.update(repr((n, network._opcodes[n].name, network._operands[n], tuple(network._attributes[n]),
-                           spec.shape, str(spec.dtype))).encode())
+                           spec.shape, dtype)).encode())
             if network._opcodes[n].name == "leaf":
-                payload = np.ascontiguousarray(network._payloads[n])
-                h.update(payload.dtype.str.encode() + payload.tobytes())
+                h.update(network._leaf_digest(n))
         roots, observes = self._declared()
         h.update(repr(([s.index for s in roots], [s.index for s in observes])).encode())
         return h.hexdigest()

@@ -1,0 +1,90 @@
+"""When IREE's data tiling pays: every benchmark model's step compiled with and without it, timed on one core.
+
+``plan.compile`` turns data tiling on when the plan's largest matmul
+reaches ``topos.dialect.targets.DATA_TILING_THRESHOLD`` multiply-adds.
+This script is the evidence for that number: each model of ``_zoo.py``
+is lowered once, its StableHLO compiled (no cache) under topos's llvm-cpu
+flags without data tiling, with ``--iree-opt-data-tiling`` (IREE's default
+ukernel choice), and with data tiling plus
+``--iree-llvmcpu-enable-ukernels=all``; each module is called on the same
+device-resident arguments (IREE local-sync, one pinned CPU) in
+interleaved rounds. Printed: the largest matmul (log2 of its
+multiply-adds), what topos chooses by default, and the median ms of each
+variant with its ratio to the untiled one (below 1: faster). Nothing is
+asserted.
+
+Run: python benchmarks/data_tiling.py [--rounds 5] [--models mlp-s,gpt,...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PINNED_CPU = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {PINNED_CPU})
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import table  # noqa: E402
+from _zoo import MODELS, build, too_large  # noqa: E402
+from compiled import cpu_model, measure, module_runner, versions  # noqa: E402
+
+from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
+from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402
+
+VARIANTS = {
+    "untiled": (),
+    "data tiling": ("--iree-opt-data-tiling",),
+    "data tiling + ukernels": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
+}
+PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
+             "gpt2-124m-forward": 1}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    args = parser.parse_args()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; pinned to CPU {PINNED_CPU}; IREE local-sync")
+    print(f"versions: {versions()}")
+    print(f"topos's rule: {' '.join(DATA_TILING_FLAGS)} when the largest matmul reaches "
+          f"2^{math.log2(DATA_TILING_THRESHOLD):.0f} multiply-adds")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
+    rows = []
+    for key in [m for m in args.models.split(",") if m]:
+        if (reason := too_large(key)) is not None:
+            print(reason, flush=True)
+            continue
+        model = build(key)
+        compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", cache=False, data_tiling=False)
+        base = [f for f in compiled.flags if f not in DATA_TILING_FLAGS]
+        arguments = compiled._arguments(model.parameters, model.feeds(0))
+        runners, seconds = {}, {}
+        for name, extra in VARIANTS.items():
+            began = time.perf_counter()
+            vmfb = compile_stablehlo(compiled.stablehlo, [*base, *extra])
+            seconds[name] = time.perf_counter() - began
+            runners[name] = module_runner(vmfb, arguments)
+        timing = measure(runners, dict.fromkeys(runners, PER_ROUND[key]), args.rounds)
+        untiled = timing["untiled"].cpu
+        largest = largest_matmul(compiled.plan)
+        chosen = "data tiling" if largest >= DATA_TILING_THRESHOLD else "untiled"
+        rows.append([model.name, f"2^{math.log2(largest):.1f}" if largest else "—", chosen] + [
+            f"{timing[name].cpu * 1e3:.3f}" + ("" if name == "untiled" else f" ({timing[name].cpu / untiled:.2f}x)")
+            for name in VARIANTS] + [" / ".join(f"{seconds[name]:.1f}" for name in VARIANTS)])
+        print(f"{key}: done", flush=True)
+        del runners, compiled
+    print("\nmodule alone, arguments on the device: median CPU ms per call (ratio to untiled; below 1: faster)\n")
+    print(table(["model", "largest matmul", "topos chooses", *VARIANTS, "compile s (each)"], rows))
+    print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Where a compiled step's time goes, dispatch by dispatch: IREE's own profiler over one benchmark model.
+
+The model's step (``_zoo.py``) is exported for this machine's CPU
+(``plan.export(..., cpu="host")``, with and without data tiling), then
+``iree-benchmark-module`` runs the artifact's ``module.vmfb`` on its own
+inputs on one pinned CPU (local-sync) with
+``--device_profiling_mode=host-execution``, and ``iree-profile statistics``
+reads the capture back. Printed per variant: the module's median time, the
+dispatch time per call split by the kind IREE names each dispatch with
+(``matmul``, ``batch_matmul``, ``reduction``, ``transpose``,
+``elementwise``, ...), and the slowest dispatches with their achieved
+GFLOP/s where IREE's name gives a matmul's shape. Nothing is asserted.
+
+Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import table  # noqa: E402
+from _zoo import MODELS, build  # noqa: E402
+
+_UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+_LINE = re.compile(r"host_execute (main_dispatch_\d+_(\S+))\s+count=\d+ total=([\d.]+) (\w+)")
+_KIND = re.compile(r"(batch_matmul|matmul|matvec_like|reduction|transpose|elementwise|slow_memcpy|scatter|"
+                   r"pack|unpack|conv)")
+_SHAPE = re.compile(r"(?:batch_)?matmul_((?:\d+x)+\d+)_f")
+
+
+def tool(name: str) -> str:
+    """An IREE tool from this interpreter's environment (iree-base-runtime installs them beside python)."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} not found beside {sys.executable} or on PATH: pip install iree-base-runtime")
+    return found
+
+
+def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, float]]:
+    """(median ms per call, dispatch name -> ms per call) for the artifact in ``folder``."""
+    inputs = re.findall(r"--input=@(\S+)", (folder / "check.sh").read_text())
+    capture = folder / "capture.ireeprof"
+    command = ["taskset", "-c", str(cpu), tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
+               "--device=local-sync", "--function=main", *[f"--input=@{folder / i}" for i in inputs],
+               f"--benchmark_min_time={calls}x", "--device_profiling_mode=host-execution",
+               f"--device_profiling_output={capture}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    timed = re.search(r"BM_main\S*\s+([\d.]+) (ms|us|s)", done.stdout)
+    median = float(timed.group(1)) * _UNITS[timed.group(2)] if timed else float("nan")
+    statistics = subprocess.run([tool("iree-profile"), "statistics", str(capture)], capture_output=True,
+                                text=True, check=True).stdout
+    dispatches = {m.group(1): float(m.group(3)) * _UNITS[m.group(4)] / calls
+                  for m in map(_LINE.search, statistics.splitlines()) if m}
+    return median, dispatches
+
+
+def kind(name: str) -> str:
+    found = _KIND.search(name.split("_", 3)[-1])
+    return found.group(1) if found else "other"
+
+
+def gflops(name: str, ms: float) -> str:
+    shape = _SHAPE.search(name)
+    if not shape or ms <= 0:
+        return ""
+    extents = [int(e) for e in shape.group(1).split("x")]
+    multiply_adds = 1
+    for extent in extents:
+        multiply_adds *= extent
+    return f"{2 * multiply_adds / (ms * 1e-3) / 1e9:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt", choices=MODELS)
+    parser.add_argument("--calls", type=int, default=20, help="profiled calls (default 20)")
+    parser.add_argument("--top", type=int, default=8, help="slowest dispatches listed (default 8)")
+    parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the CPU to pin to")
+    args = parser.parse_args()
+    model = build(args.model)
+    plan = model.network.entry(model.roots).lower()
+    print(f"{model.name}: {len(plan.schedule)} nodes; iree-benchmark-module pinned to CPU {args.cpu}, "
+          f"{args.calls} profiled calls\n")
+    with tempfile.TemporaryDirectory(prefix="topos-profile-") as scratch:
+        for tiled in (False, True):
+            folder = Path(scratch) / ("tiled" if tiled else "untiled")
+            plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
+                        data_tiling=tiled)
+            median, dispatches = profile(folder, args.calls, args.cpu)
+            total = sum(dispatches.values())
+            kinds: collections.Counter = collections.Counter()
+            for name, ms in dispatches.items():
+                kinds[kind(name)] += ms
+            print(f"{'with' if tiled else 'without'} data tiling: module {median:.2f} ms per call, "
+                  f"{len(dispatches)} dispatches, {total:.2f} ms of dispatch time per call\n")
+            print(table(["kind", "ms per call", "share"],
+                        [[k, f"{ms:.2f}", f"{100 * ms / total:.1f}%"] for k, ms in kinds.most_common()]))
+            slowest = sorted(dispatches.items(), key=lambda item: -item[1])[:args.top]
+            print()
+            print(table(["slowest dispatches", "ms per call", "GFLOP/s"],
+                        [[name, f"{ms:.2f}", gflops(name, ms)] for name, ms in slowest]))
+            print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Every benchmark model's step, topos on IREE against jax.jit: step time, first compile and cache hit.
+
+The issue's table: for each model of ``_zoo.py`` (the two MLPs, the
+2-block GPT, makemore's MLP and transformer, the MNIST example's LeNet,
+GPT-2 124M forward at T=128) one training step (or GPT-2's forward)
+compiled by topos for llvm-cpu and run with ``compiled.step`` (parameters
+resident), beside the same mathematics under ``jax.jit`` (parameters on the
+device, donated where the step updates them). Both read the step's loss
+(or the logits) back to the host every step, and both start from the same
+weights: the first two steps' values are compared before anything is
+timed, so a twin that computes something else shows in the last column.
+
+``--threads 1`` (the default): the process pins itself to one CPU before
+anything loads (XLA sizes its pool by the affinity mask), sets
+OPENBLAS/OMP/MKL_NUM_THREADS=1, and IREE runs on its single-threaded
+``local-sync`` driver; cells are medians of process CPU time.
+``--threads 2``: no pinning; IREE runs on ``local-task`` with two workers
+(``--task_topology_max_group_count=2``) and jax uses its default
+threading; cells are medians of wall-clock time (CPU time would add the
+threads up).
+
+Steps are timed in interleaved rounds (each round a few steps of each
+column), so drifting load lands on both. Compile: topos's entry lowered
+and compiled into an empty cache directory (first), then the same again
+(cache hit: the plan's digest finds the artifact before any lowering);
+jax: ``lower(...).compile()`` of the jitted step (for the makemore twins,
+which have no lower, the first call less a second). Ratios are jax's time
+over topos's: above 1, topos is faster. Nothing is asserted.
+
+Run: python benchmarks/versus_jax.py [--threads 1|2] [--rounds 5] [--models mlp-s,gpt,...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+THREADS = 2 if "--threads" in sys.argv and sys.argv[sys.argv.index("--threads") + 1:][:1] == ["2"] else 1
+if THREADS == 1:
+    # Before NumPy or JAX load: their thread pools are sized at load time.
+    PINNED_CPU = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {PINNED_CPU})
+    for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_variable] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import table  # noqa: E402
+from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
+from compiled import cpu_model, topos_cache, versions  # noqa: E402
+
+# Steps per round for each column: the larger models take tens of milliseconds to a second a step.
+PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
+             "gpt2-124m-forward": 1}
+
+
+def topos_column(model, driver: str):
+    """(step(k) -> the read value, first-compile seconds, cache-hit seconds, the CompiledPlan)."""
+    with tempfile.TemporaryDirectory(prefix="topos-versus-jax-") as directory:
+        cache = topos_cache(directory)
+        began = time.perf_counter()
+        compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache)
+        first = time.perf_counter() - began
+        began = time.perf_counter()
+        again = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache)
+        hit = time.perf_counter() - began
+    if compiled.cache_hit or not again.cache_hit:
+        raise RuntimeError("the compile-cache measurement did not see one miss then one hit")
+    state = [compiled.resident(model.parameters)]
+
+    def step(k):
+        state[0], run = compiled.step(state[0], model.feeds(k), model.updates)
+        return np.asarray(run[model.read])
+
+    return step, first, hit, compiled
+
+
+def interleaved(columns: dict, per_round: int, rounds: int, clock) -> dict[str, float]:
+    """name -> median seconds per step of ``clock``, over ``rounds`` rounds of ``per_round`` steps each."""
+    times: dict[str, list[float]] = {name: [] for name in columns}
+    k = 2  # steps 0 and 1 were the agreement check
+    for _ in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            for name, step in columns.items():
+                for _ in range(per_round):
+                    began = clock()
+                    step(k)
+                    times[name].append(clock() - began)
+                    k += 1
+        finally:
+            gc.enable()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _relative(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.2f}" if seconds < 1 else \
+        f"{seconds * 1e3:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, choices=(1, 2), default=1, help="1 (pinned, local-sync) or 2")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    args = parser.parse_args()
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = set(chosen) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    try:
+        import jax
+    except ImportError as error:
+        print(f"jax.jit column absent: jax is not importable ({error}); install the bench extra")
+        jax = None
+
+    if THREADS == 2:
+        import iree.runtime as rt
+
+        rt.flags.parse_flags("--task_topology_max_group_count=2")  # before the first local-task device
+        driver, clock, clock_name = "local-task", time.perf_counter, "wall-clock"
+        setting = "2 threads: IREE local-task with 2 workers, jax's default threading, no affinity"
+    else:
+        driver, clock, clock_name = "local-sync", time.process_time, "process CPU"
+        setting = f"1 thread: pinned to CPU {PINNED_CPU}, IREE local-sync, OPENBLAS/OMP/MKL_NUM_THREADS=1"
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {setting}")
+    print(f"versions: {versions()}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
+
+    rows, compile_rows = [], []
+    for key in chosen:
+        if (reason := too_large(key)) is not None:
+            print(reason, flush=True)
+            continue
+        began = time.perf_counter()
+        model = build(key)
+        recorded = time.perf_counter() - began
+        ours, first, hit, compiled = topos_column(model, driver)
+        columns = {"topos": ours}
+        opening = {"topos": [ours(0), ours(1)]}
+        twin = None
+        if jax is not None:
+            twin = jax_step(model)
+            columns["jax"] = twin.step
+            opening["jax"] = [twin.opening[0], twin.opening[1]] if twin.opening else [twin.step(0), twin.step(1)]
+        timing = interleaved(columns, PER_ROUND[key], args.rounds, clock)
+        agree = "—" if twin is None else f"{max(_relative(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
+        jax_ms = "absent" if twin is None else _ms(timing["jax"])
+        ratio = "—" if twin is None else f"{timing['jax'] / timing['topos']:.2f}x"
+        rows.append([model.name, _ms(timing["topos"]), jax_ms, ratio, agree])
+        compile_rows.append([model.name, f"{first:.2f}", f"{compiled.timings.get('iree-compile', 0.0):.2f}",
+                             f"{hit * 1e3:.1f}", "—" if twin is None else f"{twin.compile_seconds:.2f}",
+                             "—" if twin is None else f"{first / twin.compile_seconds:.2f}x", f"{recorded:.1f}"])
+        print(f"{key}: done ({len(model.network)} nodes)", flush=True)
+        del columns, compiled, ours, twin, model
+        gc.collect()
+
+    print(f"\nstep, median {clock_name} ms ({args.rounds} interleaved rounds); ratio = jax.jit / topos "
+          "(above 1: topos is faster); agreement = worst scale-relative difference of the first two steps' "
+          "read-back values\n")
+    print(table(["model", "topos IREE", "jax.jit", "ratio", "agreement"], rows))
+    print("\ncompile: topos first compile into an empty cache (of which iree-compile), the cache hit, jax.jit's "
+          "lower + compile, their ratio (below 1.5x: the issue's goal), and the recording's seconds\n")
+    print(table(["model", "topos first s", "iree-compile s", "cache hit ms", "jax.jit s", "topos / jax",
+                 "recording s"], compile_rows))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"\npeak resident memory of this process: {peak:.1f} GiB")
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The low-level invoke path (``VmContext.invoke``, no ``FunctionInvoker``): iree.runtime's bits, topos's errors.
+
+Every run of a compiled plan pushes its arguments itself and wraps results
+only when read (``dialect/compiled.py``, ``_Invoker``). These tests run the
+same module through iree.runtime's ``FunctionInvoker`` on the arguments
+topos bound before (``bind_feeds``, one DeviceArray per resident
+parameter), the path every run took until the invoke path replaced it,
+and require the same bytes: training steps with resident state, bfloat16
+and index feeds, a Python float fed step after step, rank-0 results. A
+wrong feed still raises the ToposError ``bind_feeds`` raises, naming the
+caller's line, before the module runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import topos
+import topos.dialect.compiled as compiled_module
+import topos.nn.functional as F
+from topos import FeedError, SymbolError, Tape, nn, optim
+from topos.element import convert
+from topos.interpret import bind_feeds, source_value
+
+from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
+
+
+class FunctionInvokerSteps:
+    """The previous path: ``FunctionInvoker`` called on ``bind_feeds``'s arrays and the last call's DeviceArrays."""
+
+    def __init__(self, compiled, parameters):
+        self.compiled = compiled
+        self.function = compiled._load()  # iree.runtime's FunctionInvoker of @main
+        network = compiled.plan.network
+        self.arrays = {i: parameters[network.symbol(i)] for i in compiled._parameters}
+
+    def call(self, feeds) -> tuple:
+        network = self.compiled.plan.network
+        fed = bind_feeds(network, feeds, freeze=False)
+        arguments = [self.arrays[i] if is_parameter else source_value(network, i, {}, fed)
+                     for i, is_parameter in self.compiled._argument_kinds]
+        outputs = self.function(*arguments)
+        return outputs if isinstance(outputs, tuple) else (outputs,)
+
+    def step(self, feeds, updates) -> tuple:
+        outputs = self.call(feeds)
+        for parameter, position in self.compiled._update_positions(updates):
+            self.arrays[parameter] = outputs[position]
+        return outputs
+
+    def read(self, outputs, symbol) -> np.ndarray:
+        return np.array(outputs[self.compiled.results.index(symbol.index)].to_host())
+
+    def parameter(self, symbol) -> np.ndarray:
+        array = self.arrays[symbol.index]
+        return np.array(array if isinstance(array, np.ndarray) else array.to_host())
+
+
+def _same_bits(got, want, what=""):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
+    assert got.tobytes() == want.tobytes(), what
+
+
+@pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
+def test_training_steps_with_resident_state_match_function_invoker_bitwise(dtype):
+    step = mlp_step(dtype)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    parameters = step.network.parameters()
+    state, before = compiled.resident(parameters), FunctionInvokerSteps(compiled, parameters)
+    for k in range(4):
+        feeds = batch_feeds(step, k, np.dtype(dtype))  # float (or bfloat16) activations and int64 labels
+        state, run = compiled.step(state, feeds, step.updates)
+        outputs = before.step(feeds, step.updates)
+        _same_bits(run[step.loss], before.read(outputs, step.loss), f"loss at step {k}")
+        for _, new in step.updates.pairs():
+            _same_bits(run[new], before.read(outputs, new), f"{new!r} at step {k}")
+    host = state.to_host()
+    for symbol in step.network.parameter_symbols():
+        _same_bits(host[symbol], before.parameter(symbol), f"{symbol!r} after 4 steps")
+
+
+def test_the_common_feeds_of_a_step_skip_bind_feeds(monkeypatch):
+    """Arrays of the recorded element type and shape, in-bounds int64 indices: checked without bind_feeds."""
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    state = compiled.resident(step.network.parameters())
+    expected = compiled.step(state, batch_feeds(step, 0), step.updates)[1][step.loss]
+    monkeypatch.setattr(compiled_module, "bind_feeds", lambda *_, **__: pytest.fail("took bind_feeds"))
+    _same_bits(compiled.step(state, batch_feeds(step, 0), step.updates)[1][step.loss], expected)
+
+
+def _embedding_step(dtype):
+    """An embedding MLP fed int indices and a rank-0 learning rate of ``dtype`` (makemore's shape, small)."""
+
+    def record(tape):
+        model = nn.Sequential(nn.Embedding(11, 4, dtype=dtype), nn.Flatten(), nn.Linear(12, 11, dtype=dtype))
+        tokens = tape.input(shape=(8, 3), extent=11, name="tokens")
+        target = tape.input(shape=(8,), extent=11, name="target")
+        loss = F.cross_entropy(model(tokens), target)
+        return loss, optimizer.record(tape.differentiate(loss, model.parameters()))
+
+    optimizer = optim.SGD(lr=0.5)
+    network, (loss, updates) = Tape.record(record)
+    return network, loss, updates, optimizer.learning_rate
+
+
+@pytest.mark.parametrize("dtype", [topos.float32, topos.bfloat16], ids=["f32", "bf16"])
+def test_index_feeds_and_a_python_float_rate_match_function_invoker_bitwise(dtype):
+    network, loss, updates, rate = _embedding_step(dtype)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    rng = np.random.default_rng(3)
+    state, before = compiled.resident(network.parameters()), FunctionInvokerSteps(compiled, network.parameters())
+    # The same float object twice (the invoke path reuses its device copy), then others; int32 indices
+    # go through bind_feeds, which widens them to int64.
+    rates, indices = [0.25, 0.25, 0.125, 1e-3, 0.3], [np.int64, np.int64, np.int32, np.int64, np.int64]
+    for k, (value, integer) in enumerate(zip(rates, indices)):
+        feeds = {"tokens": rng.integers(0, 11, (8, 3)).astype(integer), "target": rng.integers(0, 11, 8),
+                 rate: value}
+        state, run = compiled.step(state, feeds, updates)
+        outputs = before.step({**feeds, rate: convert(value, np.dtype(dtype))}, updates)
+        _same_bits(run[loss], before.read(outputs, loss), f"loss at step {k}")
+    host = state.to_host()
+    for symbol in network.parameter_symbols():
+        _same_bits(host[symbol], before.parameter(symbol), f"{symbol!r}")
+
+
+def test_a_rate_array_changed_in_place_between_steps_is_read_afresh():
+    network, loss, updates, rate = _embedding_step(topos.float32)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    feeds = {"tokens": np.zeros((8, 3), np.int64), "target": np.ones(8, np.int64), rate: np.array(0.5, np.float32)}
+    state = compiled.resident(network.parameters())
+    moved, _ = compiled.step(state, feeds, updates)
+    feeds[rate][...] = 0.0  # the same array object, now a zero rate: no step at all
+    still, _ = compiled.step(state, feeds, updates)
+    weights = network.parameter_symbols()
+    assert any(not np.array_equal(moved.to_host()[w], network.parameters()[w]) for w in weights)
+    for w in weights:
+        _same_bits(still.to_host()[w], network.parameters()[w], f"{w!r} after a zero-rate step")
+
+
+def test_a_strided_feed_matches_its_contiguous_copy():
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    state = compiled.resident(step.network.parameters())
+    feeds = batch_feeds(step, 0)
+    wide = np.repeat(feeds[step.x], 2, axis=1)  # every column twice: [:, ::2] is the batch, not contiguous
+    strided = {**feeds, step.x: wide[:, ::2]}
+    assert not strided[step.x].flags.c_contiguous
+    _same_bits(compiled.step(state, strided, step.updates)[1][step.loss],
+               compiled.step(state, feeds, step.updates)[1][step.loss])
+
+
+def test_rank_0_results_read_as_function_invoker_gives_them():
+    def record(tape):
+        x = tape.input(np.arange(6, dtype=np.float32).reshape(2, 3), name="x")
+        scale = tape.input(np.array(2.0, np.float32), name="scale")
+        w = tape.parameter(np.full((3,), 0.5, np.float32))
+        total = ((x * w.broadcast_along(0, 2)).sum() * scale).tanh()
+        return total, (x * x).sum(), scale
+
+    network, (total, squares, scale) = Tape.record(record)
+    compiled = network.entry([total, squares, scale]).lower().compile("llvm-cpu")
+    before = FunctionInvokerSteps(compiled, network.parameters())
+    for feeds in ({}, {"scale": 0.25}, {"scale": np.array(-1.5, np.float32), "x": np.ones((2, 3), np.float32)}):
+        run = compiled.forward(network.parameters(), feeds)
+        outputs = before.call({k: convert(v, np.float32) if isinstance(v, float) else v for k, v in feeds.items()})
+        for symbol in (total, squares, scale):
+            got = run[symbol]
+            assert got.shape == () and not got.flags.writeable
+            _same_bits(got, before.read(outputs, symbol), f"{symbol!r} with feeds {sorted(feeds)}")
+
+
+def _line_of(marker: str) -> int:
+    lines, start = inspect.getsourcelines(_wrong_feeds)
+    return start + next(k for k, line in enumerate(lines) if marker in line)
+
+
+def _wrong_feeds(compiled, network, state, updates, good, rate, which):
+    """Each wrong feed on a line of its own (the error names it)."""
+    if which == "index past the table":
+        return compiled.step(state, {**good, "tokens": np.full((8, 3), 11)}, updates)  # index past the table
+    if which == "negative index":
+        return compiled.step(state, {**good, "target": -np.ones(8, np.int64)}, updates)  # negative index
+    if which == "float indices":
+        return compiled.step(state, {**good, "target": np.ones(8, np.float32)}, updates)  # float indices
+    if which == "shape":
+        return compiled.step(state, {**good, "tokens": np.zeros((8, 2), np.int64)}, updates)  # shape
+    if which == "float for an array":
+        return compiled.step(state, {**good, "tokens": 0.5}, updates)  # float for an array
+    if which == "element type":
+        return compiled.step(state, {**good, rate: np.array(0.5, np.float64)}, updates)  # element type
+    if which == "a name no input has":
+        return compiled.step(state, {**good, "tokenz": np.zeros((8, 3), np.int64)}, updates)  # a name no input has
+    if which == "a parameter":
+        return compiled.step(state, {**good, network.parameter_symbols()[0]: 0.5}, updates)  # a parameter
+    raise AssertionError(which)
+
+
+@pytest.mark.parametrize("which, error, message", [
+    ("index past the table", FeedError, r"selection index 11 at position \(0, 0\) is outside \[0, 11\)"),
+    ("negative index", FeedError, r"selection index -1 at position \(0,\) is outside \[0, 11\)"),
+    ("float indices", FeedError, "selection indices must be integers"),
+    ("shape", FeedError, r"expects shape \[8, 3\], got \[8, 2\]"),
+    ("float for an array", FeedError, "is a selection: .*selection indices must be integers, got float64"),
+    ("element type", FeedError, "expects element type f32, got float64"),
+    ("a name no input has", SymbolError, "no parameter or input is named 'tokenz'"),
+    ("a parameter", FeedError, "not an input"),
+])
+def test_a_wrong_feed_raises_what_bind_feeds_raises_at_the_callers_line(monkeypatch, which, error, message):
+    network, loss, updates, rate = _embedding_step(topos.float32)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    state = compiled.resident(network.parameters())
+    good = {"tokens": np.zeros((8, 3), np.int64), "target": np.ones(8, np.int64), rate: 0.5}
+    compiled.step(state, good, updates)  # loaded, and the common path warm
+    monkeypatch.setattr(compiled, "_call", lambda *_: pytest.fail("the wrong feed reached IREE"))
+    with pytest.raises(error, match=message) as raised:
+        _wrong_feeds(compiled, network, state, updates, good, rate, which)
+    assert f"test_invoke_path.py:{_line_of('# ' + which)}" in str(raised.value)
+    # The oracle binds feeds with bind_feeds too: the same class and the same words but for the caller's line.
+    with pytest.raises(error) as oracle:
+        network.forward(network.parameters(), {**good, **_wrong_feed(which, network, rate)})
+    assert type(oracle.value) is type(raised.value)
+    assert _callers_line.sub("<line>", str(oracle.value)) == _callers_line.sub("<line>", str(raised.value))
+
+
+_callers_line = re.compile(r"test_invoke_path\.py:\d+ in \w+")
+
+
+def _wrong_feed(which, network, rate) -> dict:
+    return {
+        "index past the table": {"tokens": np.full((8, 3), 11)},
+        "negative index": {"target": -np.ones(8, np.int64)},
+        "float indices": {"target": np.ones(8, np.float32)},
+        "shape": {"tokens": np.zeros((8, 2), np.int64)},
+        "float for an array": {"tokens": 0.5},
+        "element type": {rate: np.array(0.5, np.float64)},
+        "a name no input has": {"tokenz": np.zeros((8, 3), np.int64)},
+        "a parameter": {network.parameter_symbols()[0]: 0.5},
+    }[which]
+
+
+def test_an_updated_parameter_is_the_runs_own_result_and_a_kept_one_holds_only_its_buffer():
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    pairs = step.updates.pairs()
+    first, rest = topos.Updates(pairs[:1]), pairs[1:]
+    state = compiled.resident(step.network.parameters())
+    state, _ = compiled.step(state, batch_feeds(step, 0), step.updates)  # every parameter from this run
+    state, run = compiled.step(state, batch_feeds(step, 1), first)  # only the first
+    parameter, new = pairs[0]
+    assert state.device(parameter) is run.device(new)
+    for kept, _ in rest:  # not the first step's whole result list, which holds its every buffer
+        results, _ = state._sources[kept.index]
+        assert len(results) == 1
+
+
+def test_modules_carry_no_abi_reflection_so_results_need_no_dtype_override():
+    """FunctionInvoker overrides result dtypes only from ``iree.abi`` reflection; the invoke path assumes none."""
+    step = mlp_step(topos.bfloat16)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    assert "iree.abi" not in compiled._load().vm_function.reflection
+    run = compiled.step(compiled.resident(step.network.parameters()), batch_feeds(step, 0, np.dtype(topos.bfloat16)),
+                        step.updates)[1]
+    assert run[step.loss].dtype == np.dtype(topos.bfloat16)
