@@ -1,9 +1,13 @@
-"""Shared by the benchmark scripts: a median timer and a Markdown table printer."""
+"""Shared by the benchmark scripts: a median timer, a Markdown table printer, and what machine and versions ran."""
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
+from pathlib import Path
+
+import numpy as np
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -28,3 +32,28 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
     rule = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule] + [line(r) for r in rows])
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import topos
+
+    parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}",
+             f"iree-base-compiler {version('iree-base-compiler')}", f"iree-base-runtime {version('iree-base-runtime')}"]
+    for name in ("jax", "jaxlib", "torch"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

@@ -64,14 +64,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from _timing import table  # noqa: E402
+from _timing import cpu_model, table, versions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
 from _peers import available
 
-import topos
 from topos import Numerics
 
 MODELS = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}
@@ -299,29 +298,6 @@ def _ms(seconds: float | None) -> str:
 
 def _s(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds:.2f}"
-
-
-def versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}",
-             f"iree-base-compiler {version('iree-base-compiler')}", f"iree-base-runtime {version('iree-base-runtime')}"]
-    for name in ("jax", "jaxlib", "torch"):
-        try:
-            parts.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    return ", ".join(parts)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _cell(seconds: float, ours: float, is_ours: bool) -> str:

@@ -31,9 +31,9 @@ import math  # noqa: E402
 import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import table  # noqa: E402
+from _timing import cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, build, too_large  # noqa: E402
-from compiled import cpu_model, measure, module_runner, versions  # noqa: E402
+from compiled import measure, module_runner  # noqa: E402
 
 from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
 from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402

@@ -47,9 +47,9 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import table  # noqa: E402
+from _timing import cpu_model, table  # noqa: E402
 from _zoo import build  # noqa: E402
-from compiled import Runner, cpu_model, measure  # noqa: E402
+from compiled import Runner, measure  # noqa: E402
 
 MODELS = {"makemore": "makemore-mlp", "mlp-s": "mlp-s"}  # this script's names -> _zoo.py's
 

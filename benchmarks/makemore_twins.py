@@ -39,9 +39,10 @@ import os
 import sys
 
 PINNED_CPU = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {PINNED_CPU})
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
+if __name__ == "__main__":  # run as the benchmark: one core; imported (by _zoo.py), leave the caller's threads alone
+    os.sched_setaffinity(0, {PINNED_CPU})
+    for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_variable] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
 import argparse  # noqa: E402

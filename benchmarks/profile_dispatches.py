@@ -8,8 +8,9 @@ inputs on one pinned CPU (local-sync) with
 reads the capture back. Printed per variant: the module's median time, the
 dispatch time per call split by the kind IREE names each dispatch with
 (``matmul``, ``batch_matmul``, ``reduction``, ``transpose``,
-``elementwise``, ...), and the slowest dispatches with their achieved
-GFLOP/s where IREE's name gives a matmul's shape. Nothing is asserted.
+``elementwise``, ...), and the slowest dispatches (a dispatch may run several times a call:
+one per block of the same shape) with their achieved GFLOP/s per run
+where IREE's name gives a matmul's shape. Nothing is asserted.
 
 Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8]
 """
@@ -31,7 +32,7 @@ from _timing import table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402
 
 _UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-_LINE = re.compile(r"host_execute (main_dispatch_\d+_(\S+))\s+count=\d+ total=([\d.]+) (\w+)")
+_LINE = re.compile(r"host_execute (main_dispatch_\d+_(\S+))\s+count=(\d+) total=([\d.]+) (\w+)")
 _KIND = re.compile(r"(batch_matmul|matmul|matvec_like|reduction|transpose|elementwise|slow_memcpy|scatter|"
                    r"pack|unpack|conv)")
 _SHAPE = re.compile(r"(?:batch_)?matmul_((?:\d+x)+\d+)_f")
@@ -46,8 +47,11 @@ def tool(name: str) -> str:
     return found
 
 
-def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, float]]:
-    """(median ms per call, dispatch name -> ms per call) for the artifact in ``folder``."""
+def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, tuple[float, float]]]:
+    """(median ms per call, dispatch name -> (ms per call, executions per call)) for the artifact in ``folder``.
+
+    One dispatch may run more than once a call (a block's dispatch serves every block of the same shape).
+    """
     inputs = re.findall(r"--input=@(\S+)", (folder / "check.sh").read_text())
     capture = folder / "capture.ireeprof"
     command = ["taskset", "-c", str(cpu), tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
@@ -59,7 +63,7 @@ def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, float]
     median = float(timed.group(1)) * _UNITS[timed.group(2)] if timed else float("nan")
     statistics = subprocess.run([tool("iree-profile"), "statistics", str(capture)], capture_output=True,
                                 text=True, check=True).stdout
-    dispatches = {m.group(1): float(m.group(3)) * _UNITS[m.group(4)] / calls
+    dispatches = {m.group(1): (float(m.group(4)) * _UNITS[m.group(5)] / calls, int(m.group(3)) / calls)
                   for m in map(_LINE.search, statistics.splitlines()) if m}
     return median, dispatches
 
@@ -97,18 +101,19 @@ def main() -> None:
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
                         data_tiling=tiled)
             median, dispatches = profile(folder, args.calls, args.cpu)
-            total = sum(dispatches.values())
+            total = sum(ms for ms, _ in dispatches.values())
             kinds: collections.Counter = collections.Counter()
-            for name, ms in dispatches.items():
+            for name, (ms, _) in dispatches.items():
                 kinds[kind(name)] += ms
             print(f"{'with' if tiled else 'without'} data tiling: module {median:.2f} ms per call, "
                   f"{len(dispatches)} dispatches, {total:.2f} ms of dispatch time per call\n")
             print(table(["kind", "ms per call", "share"],
                         [[k, f"{ms:.2f}", f"{100 * ms / total:.1f}%"] for k, ms in kinds.most_common()]))
-            slowest = sorted(dispatches.items(), key=lambda item: -item[1])[:args.top]
+            slowest = sorted(dispatches.items(), key=lambda item: -item[1][0])[:args.top]
             print()
-            print(table(["slowest dispatches", "ms per call", "GFLOP/s"],
-                        [[name, f"{ms:.2f}", gflops(name, ms)] for name, ms in slowest]))
+            print(table(["slowest dispatches", "ms per call", "runs per call", "ms per run", "GFLOP/s"],
+                        [[name, f"{ms:.2f}", f"{runs:g}", f"{ms / runs:.2f}", gflops(name, ms / runs)]
+                         for name, (ms, runs) in slowest]))
             print()
 
 

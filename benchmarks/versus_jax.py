@@ -53,10 +53,13 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from topos.dialect.cache import CompileCache  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import table  # noqa: E402
+from _timing import cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
-from compiled import cpu_model, topos_cache, versions  # noqa: E402
+
+CLOCK = 0 if THREADS == 2 else 1  # which of interleaved()'s clocks the table compares: wall with 2 threads
 
 # Steps per round for each column: the larger models take tens of milliseconds to a second a step.
 PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
@@ -66,7 +69,7 @@ PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-tr
 def topos_column(model, driver: str):
     """(step(k) -> the read value, first-compile seconds, cache-hit seconds, the CompiledPlan)."""
     with tempfile.TemporaryDirectory(prefix="topos-versus-jax-") as directory:
-        cache = topos_cache(directory)
+        cache = CompileCache(directory)
         began = time.perf_counter()
         compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache)
         first = time.perf_counter() - began
@@ -84,9 +87,10 @@ def topos_column(model, driver: str):
     return step, first, hit, compiled
 
 
-def interleaved(columns: dict, per_round: int, rounds: int, clock) -> dict[str, float]:
-    """name -> median seconds per step of ``clock``, over ``rounds`` rounds of ``per_round`` steps each."""
-    times: dict[str, list[float]] = {name: [] for name in columns}
+def interleaved(columns: dict, per_round: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """name -> (median wall seconds, median process-CPU seconds) per step, over ``rounds`` rounds of ``per_round``."""
+    wall: dict[str, list[float]] = {name: [] for name in columns}
+    cpu: dict[str, list[float]] = {name: [] for name in columns}
     k = 2  # steps 0 and 1 were the agreement check
     for _ in range(rounds):
         gc.collect()
@@ -94,13 +98,14 @@ def interleaved(columns: dict, per_round: int, rounds: int, clock) -> dict[str, 
         try:
             for name, step in columns.items():
                 for _ in range(per_round):
-                    began = clock()
+                    began, began_cpu = time.perf_counter(), time.process_time()
                     step(k)
-                    times[name].append(clock() - began)
+                    cpu[name].append(time.process_time() - began_cpu)
+                    wall[name].append(time.perf_counter() - began)
                     k += 1
         finally:
             gc.enable()
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in columns}
 
 
 def _relative(got, want) -> float:
@@ -133,10 +138,10 @@ def main() -> None:
         import iree.runtime as rt
 
         rt.flags.parse_flags("--task_topology_max_group_count=2")  # before the first local-task device
-        driver, clock, clock_name = "local-task", time.perf_counter, "wall-clock"
+        driver, clock_name = "local-task", "wall-clock"
         setting = "2 threads: IREE local-task with 2 workers, jax's default threading, no affinity"
     else:
-        driver, clock, clock_name = "local-sync", time.process_time, "process CPU"
+        driver, clock_name = "local-sync", "process CPU"
         setting = f"1 thread: pinned to CPU {PINNED_CPU}, IREE local-sync, OPENBLAS/OMP/MKL_NUM_THREADS=1"
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {setting}")
     print(f"versions: {versions()}")
@@ -158,11 +163,14 @@ def main() -> None:
             twin = jax_step(model)
             columns["jax"] = twin.step
             opening["jax"] = [twin.opening[0], twin.opening[1]] if twin.opening else [twin.step(0), twin.step(1)]
-        timing = interleaved(columns, PER_ROUND[key], args.rounds, clock)
+        measured = interleaved(columns, PER_ROUND[key], args.rounds)
+        timing = {name: pair[CLOCK] for name, pair in measured.items()}
+        busy = {name: pair[1] / pair[0] for name, pair in measured.items()}  # CPU over wall: threads at work
         agree = "—" if twin is None else f"{max(_relative(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
         jax_ms = "absent" if twin is None else _ms(timing["jax"])
         ratio = "—" if twin is None else f"{timing['jax'] / timing['topos']:.2f}x"
-        rows.append([model.name, _ms(timing["topos"]), jax_ms, ratio, agree])
+        rows.append([model.name, _ms(timing["topos"]), jax_ms, ratio, agree] + (
+            [f"{busy['topos']:.2f}", "—" if twin is None else f"{busy['jax']:.2f}"] if THREADS == 2 else []))
         compile_rows.append([model.name, f"{first:.2f}", f"{compiled.timings.get('iree-compile', 0.0):.2f}",
                              f"{hit * 1e3:.1f}", "—" if twin is None else f"{twin.compile_seconds:.2f}",
                              "—" if twin is None else f"{first / twin.compile_seconds:.2f}x", f"{recorded:.1f}"])
@@ -172,8 +180,9 @@ def main() -> None:
 
     print(f"\nstep, median {clock_name} ms ({args.rounds} interleaved rounds); ratio = jax.jit / topos "
           "(above 1: topos is faster); agreement = worst scale-relative difference of the first two steps' "
-          "read-back values\n")
-    print(table(["model", "topos IREE", "jax.jit", "ratio", "agreement"], rows))
+          "read-back values" + ("; CPU / wall: how many threads were at work on average" if THREADS == 2 else "") + "\n")
+    busy_columns = ["topos CPU / wall", "jax CPU / wall"] if THREADS == 2 else []
+    print(table(["model", "topos IREE", "jax.jit", "ratio", "agreement", *busy_columns], rows))
     print("\ncompile: topos first compile into an empty cache (of which iree-compile), the cache hit, jax.jit's "
           "lower + compile, their ratio (below 1.5x: the issue's goal), and the recording's seconds\n")
     print(table(["model", "topos first s", "iree-compile s", "cache hit ms", "jax.jit s", "topos / jax",
