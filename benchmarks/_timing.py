@@ -57,3 +57,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def chosen_models(parser, text: str, models) -> list[str]:
+    """The comma-separated ``--models`` subset, in the order given; an unknown name is the parser's error."""
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = set(chosen) - set(models)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(models)}")
+    return chosen

@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from _timing import cpu_model, table, versions  # noqa: E402
+from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -317,10 +317,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
     parser.add_argument("--all-threads", action="store_true", help="leave thread counts and CPU affinity alone")
     args = parser.parse_args()
-    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = set(chosen) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    chosen = chosen_models(parser, args.models, MODELS)
 
     peers = available()
     threads = ("all threads (no affinity or thread settings)" if ALL_THREADS else

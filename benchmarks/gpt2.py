@@ -70,7 +70,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "gpt2"))
 
 import hf_gpt2  # noqa: E402
 from _gpt2_twins import jax_twin, torch_twin  # noqa: E402
-from _timing import table  # noqa: E402
+from _timing import cpu_model, table, versions  # noqa: E402
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder  # noqa: E402
 
@@ -108,28 +108,6 @@ def timed(fn):
 def _relative(got, want) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = [f"Python {platform.python_version()}", f"NumPy {np.__version__}", f"topos {topos.__version__}"]
-    for name in ("iree-base-compiler", "jax", "jaxlib", "torch"):
-        try:
-            parts.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    return ", ".join(parts)
 
 
 def _ms(seconds: float) -> str:

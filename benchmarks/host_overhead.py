@@ -47,7 +47,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import cpu_model, table  # noqa: E402
+from _timing import chosen_models, cpu_model, table  # noqa: E402
 from _zoo import build  # noqa: E402
 from compiled import Runner, measure  # noqa: E402
 
@@ -139,10 +139,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="steps per column per round (default 200)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
     args = parser.parse_args()
-    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = set(chosen) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    chosen = chosen_models(parser, args.models, MODELS)
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; pinned to CPU {PINNED_CPU}, "
           "OPENBLAS/OMP/MKL_NUM_THREADS=1; IREE llvm-cpu, local-sync")

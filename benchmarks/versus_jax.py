@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 from topos.dialect.cache import CompileCache  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import cpu_model, table, versions  # noqa: E402
+from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
 
 CLOCK = 0 if THREADS == 2 else 1  # which of interleaved()'s clocks the table compares: wall with 2 threads
@@ -124,10 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
     args = parser.parse_args()
-    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = set(chosen) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    chosen = chosen_models(parser, args.models, MODELS)
     try:
         import jax
     except ImportError as error:
