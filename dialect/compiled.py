@@ -525,9 +525,7 @@ class CompiledPlan:
             self._load()
         if type(state) is not ResidentParameters or state._plan is not self:
             self._check_state(state)
-        values = _bind_common(self._inputs, feeds)
-        if values is None:
-            values = self._bind_general(feeds)
+        values = self._bind_inputs(feeds)
         sources = state._sources
         for k, i in enumerate(self._parameters):  # the parameters are the first arguments
             results, position = sources[i]

@@ -35,6 +35,20 @@ from .base import Candidate, Pattern, StructureView
 IM2COL_ORDER = (0, 2, 4, 1, 3, 5)
 
 
+def match_laid_out_windows(view: StructureView, n: int, order: tuple[int, ...]) -> tuple[int, Windows] | None:
+    """(the permute, its windows) when ``n`` is reshape(permute ``order`` (window pair)), or None.
+
+    im2col and max-pool both lay their windows out this way, each with its own axis order.
+    """
+    if view.opcode(n) != "reshape":
+        return None
+    permuted = view.operands(n)[0]
+    if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != order:
+        return None
+    windows = match_windows(view, view.operands(permuted)[0])
+    return None if windows is None else (permuted, windows)
+
+
 @dataclass(frozen=True)
 class Windows:
     """Two unfolds over an NCHW tensor: height windows on axis 2, then width windows on axis 4."""
@@ -99,14 +113,10 @@ class Im2col:
 
 def match_im2col(view: StructureView, columns: int) -> Im2col | None:
     """The im2col chain ending at ``columns`` (reshape of permute [0,2,4,1,3,5] of two unfolds), or None."""
-    if view.opcode(columns) != "reshape":
+    laid_out = match_laid_out_windows(view, columns, IM2COL_ORDER)
+    if laid_out is None:
         return None
-    permuted = view.operands(columns)[0]
-    if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != IM2COL_ORDER:
-        return None
-    windows = match_windows(view, view.operands(permuted)[0])
-    if windows is None:
-        return None
+    permuted, windows = laid_out
     source, pads, padding = _absorb_pads(view, windows)
     batch, channels = view.spec(source).shape[:2]
     (kh, kw), (oh, ow) = windows.size, windows.count

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Candidate, Pattern, StructureView
-from .convolution import Windows, match_windows
+from .convolution import Windows, match_laid_out_windows
 
 LANE_ORDER = (0, 1, 2, 4, 3, 5)
 
@@ -69,14 +69,10 @@ def match_pool(view: StructureView, root: int) -> PoolChain | None:
         ):
             return None
     assert stacked is not None
-    if view.opcode(stacked) != "reshape":
+    laid_out = match_laid_out_windows(view, stacked, LANE_ORDER)
+    if laid_out is None:
         return None
-    permuted = view.operands(stacked)[0]
-    if view.opcode(permuted) != "permute" or view.attributes(permuted)["order"] != LANE_ORDER:
-        return None
-    windows = match_windows(view, view.operands(permuted)[0])
-    if windows is None:
-        return None
+    permuted, windows = laid_out
     batch, channels = view.spec(windows.source).shape[:2]
     (sh, sw), (oh, ow) = windows.size, windows.count
     if (
