@@ -835,10 +835,11 @@ def test_each_misuse_is_a_clear_topos_error_at_the_users_line(fn, error, words, 
         fn(**arguments)
     message = str(caught.value)
     assert isinstance(caught.value, topos.ToposError)
-    site = re.match(r"(.+):(\d+) in (\S+): ", message)
+    site = re.match(r"(.+?):(\d+) in (\S+): ", message)
     assert site is not None, f"the message does not start with the user's line: {message}"
     lines, first = inspect.getsourcelines(fn)
     assert site.group(1).endswith("test_misuse.py"), message
     assert first <= int(site.group(2)) < first + len(lines), f"{site.group(0)} is not inside {fn.__name__}: {message}"
+    assert message.count(site.group(0)) == 1, f"the user's line is named more than once: {message}"
     for word in words:
         assert re.search(word, message), f"{word!r} not in: {message}"

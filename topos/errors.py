@@ -16,6 +16,7 @@ class AtTheUsersLine(ToposError):
     """
 
     def __init__(self, *args):
+        self.bare = args[0] if args and isinstance(args[0], str) else ""  # for a message that nests this one
         if args and isinstance(args[0], str):
             from .provenance import UNKNOWN, user_site
 

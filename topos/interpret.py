@@ -90,7 +90,7 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
             array = integer_indices(array)
             check_indices(array, spec.dtype.extent)
         except ValueError as error:
-            raise FeedError(f"{where} is a selection: {error}") from None
+            raise FeedError(f"{where} is a selection: {getattr(error, 'bare', '') or error}") from None
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
         if array.dtype != spec.dtype:
