@@ -119,6 +119,16 @@ def _count_kernels(hlo_text: str) -> int:
     return count
 
 
+def memory_analysis(compiled) -> dict | None:
+    """XLA's memory analysis of a jax.jit-compiled function (argument, output, temp, alias bytes), or None."""
+    try:
+        analysis = compiled.memory_analysis()
+        return {"argument": analysis.argument_size_in_bytes, "output": analysis.output_size_in_bytes,
+                "temp": analysis.temp_size_in_bytes, "alias": analysis.alias_size_in_bytes}
+    except Exception:  # noqa: BLE001  (a backend without the analysis: the column says so)
+        return None
+
+
 def jax_peer(workload: Workload) -> Peer:
     """``jax.jit`` of value_and_grad + SGD; parameters donated, so XLA may update them in place."""
     import jax
@@ -161,12 +171,7 @@ def jax_peer(workload: Workload) -> Peer:
         kernels = _count_kernels(compiled.as_text())
     except Exception:  # noqa: BLE001  (the text form is informational only)
         kernels = None
-    try:
-        analysis = compiled.memory_analysis()
-        memory = {"argument": analysis.argument_size_in_bytes, "output": analysis.output_size_in_bytes,
-                  "temp": analysis.temp_size_in_bytes, "alias": analysis.alias_size_in_bytes}
-    except Exception:  # noqa: BLE001  (a backend without the analysis: the column says so)
-        memory = None
+    memory = memory_analysis(compiled)
 
     def step(state):
         state, loss = jitted(state, feeds)

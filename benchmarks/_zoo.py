@@ -84,6 +84,7 @@ class Twin:
     step: Callable[[int], np.ndarray]
     compile_seconds: float  # lower + compile, or the first call less one step where the twin has no lower()
     opening: list = field(default_factory=list)  # steps 0 and 1's values, where compiling had to run them
+    memory: dict | None = None  # XLA's memory analysis of the twin's step (_peers.memory_analysis)
 
 
 def build(key: str) -> Model:
@@ -186,7 +187,7 @@ def _gpt_twin(workload) -> Twin:
         state[0], loss = peer.step(state[0])
         return np.asarray(loss)
 
-    return Twin(step, peer.compile_seconds)
+    return Twin(step, peer.compile_seconds, memory=peer.memory)
 
 
 def _first_call(step: Callable[[int], np.ndarray]) -> tuple[float, list]:
@@ -201,6 +202,7 @@ def _first_call(step: Callable[[int], np.ndarray]) -> tuple[float, list]:
 
 def _makemore_twin(work) -> Twin:
     import makemore_twins
+    from _peers import memory_analysis
 
     makemore_twins.jax_column(work)
     column = work.columns.pop(next(label for label in work.columns if label.startswith("jax")))
@@ -208,13 +210,15 @@ def _makemore_twin(work) -> Twin:
     def step(k):
         return np.asarray(column(work.feeds[k % len(work.feeds)]))
 
-    return Twin(step, *_first_call(step))
+    seconds, opening = _first_call(step)
+    return Twin(step, seconds, opening, memory_analysis(column.lower(work.feeds[0]).compile()))
 
 
 def _lenet_twin(model: Model) -> Twin:
     """The example's LeNet in JAX: NCHW convolutions with OIHW kernels, 2x2 max-pools, flatten, linear."""
     import jax
     import jax.numpy as jnp
+    from _peers import memory_analysis
 
     table = model.parameters
     named = {name: jnp.asarray(np.array(table[name])) for name in table.names() if table.trainable(name)}
@@ -246,7 +250,7 @@ def _lenet_twin(model: Model) -> Twin:
     feeds = model.twin["feeds"]
     images, labels = jnp.asarray(feeds["images"]), jnp.asarray(feeds["labels"].astype(np.int32))
     began = time.perf_counter()
-    jitted.lower(named, images, labels).compile()
+    compiled = jitted.lower(named, images, labels).compile()
     seconds = time.perf_counter() - began
     state = [named]
 
@@ -254,15 +258,16 @@ def _lenet_twin(model: Model) -> Twin:
         state[0], loss = jitted(state[0], images, labels)
         return np.asarray(loss)
 
-    return Twin(step, seconds)
+    return Twin(step, seconds, memory=memory_analysis(compiled))
 
 
 def _gpt2_twin(model: Model) -> Twin:
     from _gpt2_twins import jax_twin
+    from _peers import memory_analysis
 
     config, tokens = model.twin["config"], model.twin["tokens"]
     forward, _, params = jax_twin(config, model.parameters.named(), tokens.shape[1])
     began = time.perf_counter()
-    forward.lower(params, tokens).compile()
+    compiled = forward.lower(params, tokens).compile()
     seconds = time.perf_counter() - began
-    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds)
+    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds, memory=memory_analysis(compiled))

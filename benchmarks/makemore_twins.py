@@ -310,6 +310,9 @@ def jax_column(work: Workload) -> None:
         held["p"], held["state"], loss = jitted(held["p"], held["state"], batch, np.float32(feeds["optim.lr"]))
         return float(loss)
 
+    # For XLA's memory analysis (benchmarks/memory.py): the step lowered for one batch, not run.
+    step.lower = lambda feeds: jitted.lower(held["p"], held["state"], {"context": feeds["context"],
+                                            "next": feeds["next"]}, np.float32(feeds["optim.lr"]))
     work.columns[f"jax {jax.__version__}.jit"] = step
 
 

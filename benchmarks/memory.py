@@ -1,21 +1,23 @@
-"""Memory of one compiled training step: the plan's prediction, IREE's measured peak, and jax.jit's.
+"""Memory of one compiled step: the plan's prediction, IREE's measured peak, and jax.jit's.
 
-For each model of benchmarks/compiled.py (MLP 784-128-10, MLP
-784-1024-1024-10, the 2-block GPT; SGD, float32), in a fresh process of
-its own (IREE keeps one device per driver in a process, and its
-allocator's peak counts from the device's creation):
+For each model of the zoo (``_zoo.py``: the two MLPs, the 2-block GPT,
+makemore's MLP and transformer, the MNIST LeNet, GPT-2 124M forward), in
+a fresh process of its own (IREE keeps one device per driver in a
+process, and its allocator's peak counts from the device's creation):
 
 * plan           ``plan.peak()``: the most bytes of computed values the
                  plan holds at once, plus the parameters and inputs it reads
                  (which the plan does not count: they are the caller's)
 * IREE measured  ``compiled.device_memory()["device_bytes_peak"]`` after
                  ``resident`` and three ``step`` calls (llvm-cpu, local-sync)
-* jax.jit        XLA's ``memory_analysis()`` of the compiled step:
+* jax.jit        XLA's ``memory_analysis()`` of the twin's compiled step:
                  arguments + outputs + temporaries - aliased (donated) bytes
 
-Nothing is asserted. A missing jax prints its column as absent.
+Nothing is asserted. A missing jax prints its column as absent, a
+backend without XLA's analysis says so, and a model too large for the
+machine is skipped with a message (``_zoo.too_large``).
 
-Run: python benchmarks/memory.py [--models mlp-s,mlp-m,gpt]
+Run: python benchmarks/memory.py [--models mlp-s,gpt,...]
 """
 
 from __future__ import annotations
@@ -29,39 +31,37 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODELS = ("mlp-s", "mlp-m", "gpt")
+from _zoo import MODELS, too_large  # noqa: E402
+
+SOURCES = ("parameter", "input")
 
 
-def measure(model: str) -> dict:
+def measure(key: str) -> dict:
     """Run in the child: one model's three figures, as JSON-able numbers."""
     import numpy as np
-    from _gpt import mlp_m, mlp_s, small_gpt
+    from _zoo import build, jax_step
 
-    workload = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}[model]()
-    network = workload.trained
-    plan = network.entry(workload.updates.roots(workload.loss)).lower()
+    from topos.plan.plan import _nbytes  # the plan's own byte count (a selection's indices are int64)
+
+    model = build(key)
+    network = model.network
+    plan = network.entry(model.roots).lower()
     compiled = plan.compile("llvm-cpu")
-    sources = sum(int(np.asarray(a).nbytes) for a in workload.named_parameters().values())
-    sources += sum(int(np.asarray(getattr(a, "indices", a)).nbytes) for a in workload.feeds.values())
-    state = compiled.resident(workload.parameters)
-    for _ in range(3):
-        state, run = compiled.step(state, workload.feeds, workload.updates)
-        float(run[workload.loss])
-    figures = {"name": workload.name, "plan": plan.peak()[0] + sources, "plan_values": plan.peak()[0],
+    sources = sum(_nbytes(network._specs[n]) for n in plan.schedule if network._opcodes[n].name in SOURCES)
+    state = compiled.resident(model.parameters)
+    for k in range(3):
+        state, run = compiled.step(state, model.feeds(k), model.updates)
+        np.asarray(run[model.read])
+    figures = {"name": model.name, "plan": plan.peak()[0] + sources, "plan_values": plan.peak()[0],
                "sources": sources, "iree": compiled.device_memory().get("device_bytes_peak")}
-    try:
-        from _peers import jax_peer
-    except ImportError as error:
-        figures["jax"] = f"absent ({error})"
-        return figures
     try:
         import jax  # noqa: F401
     except ImportError:
         figures["jax"] = "absent (jax is not installed: pip install 'topos[bench]')"
         return figures
-    peer = jax_peer(workload)
-    stats = peer.memory
-    figures["jax"] = (stats["argument"] + stats["output"] + stats["temp"] - stats["alias"]) if stats else None
+    stats = jax_step(model).memory
+    figures["jax"] = ((stats["argument"] + stats["output"] + stats["temp"] - stats["alias"]) if stats
+                      else "not measured (this backend gives no XLA memory analysis)")
     return figures
 
 
@@ -70,13 +70,17 @@ def _mib(value) -> str:
 
 
 def main() -> None:
-    from _timing import table
+    from _timing import chosen_models, cpu_model, table
 
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--models", default=",".join(MODELS))
-    chosen = options.parse_args().models.split(",")
     rows = []
-    for model in chosen:
+    print(f"{cpu_model()}; each model in a process of its own\n")
+    for model in chosen_models(options, options.parse_args().models, MODELS):
+        skipped = too_large(model)
+        if skipped:
+            print(skipped)
+            continue
         done = subprocess.run([sys.executable, __file__, "--child", model], capture_output=True, text=True)
         if done.returncode != 0:
             rows.append([model, "failed", "", "", done.stderr.strip().splitlines()[-1][:80]])

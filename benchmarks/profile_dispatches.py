@@ -47,15 +47,25 @@ def tool(name: str) -> str:
     return found
 
 
+def input_flags(folder: Path) -> list[str]:
+    """The artifact's inputs as iree-benchmark-module flags, read from its check.sh, with absolute paths.
+
+    An array is spelled ``--input=@inputs/x.npy``; a scalar feed (a learning
+    rate) ``--input=f32=@inputs/lr.bin``, its element type before the file.
+    """
+    found = re.findall(r"--input=((?:\w+=)?)@(\S+)", (folder / "check.sh").read_text())
+    return [f"--input={kind}@{folder / path}" for kind, path in found]
+
+
 def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, tuple[float, float]]]:
     """(median ms per call, dispatch name -> (ms per call, executions per call)) for the artifact in ``folder``.
 
     One dispatch may run more than once a call (a block's dispatch serves every block of the same shape).
     """
-    inputs = re.findall(r"--input=@(\S+)", (folder / "check.sh").read_text())
+    inputs = input_flags(folder)
     capture = folder / "capture.ireeprof"
     command = ["taskset", "-c", str(cpu), tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
-               "--device=local-sync", "--function=main", *[f"--input=@{folder / i}" for i in inputs],
+               "--device=local-sync", "--function=main", *inputs,
                f"--benchmark_min_time={calls}x", "--device_profiling_mode=host-execution",
                f"--device_profiling_output={capture}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -218,18 +218,27 @@ def _unreadable(vmfb: bytes) -> str | None:
     return None if "main" in module.function_names else "the module has no @main"
 
 
-def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None) -> tuple[str, ...]:
+def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
+                 text: str | None = None) -> tuple[str, ...]:
     """The compiler flags of ``plan``'s module for ``chosen``, read off the plan before any lowering.
 
     Its element types decide float64's flags and whether the target refuses
     an element (``Target.refuses``); ``data_tiling`` None decides by the
-    largest matmul. compile and export both build their flags here.
+    largest matmul; a convolution the emission raises brings IREE's img2col
+    (``text``, StableHLO a rewrite produced, is read for one instead).
+    compile and export both build their flags here.
     """
+    from .plan_passes import elected
+
     if data_tiling is None:
         data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
+    if text is None:
+        convolution = any(c.kind.startswith("convolution") for c in elected(plan))
+    else:
+        convolution = "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
-                     data_tiling=data_tiling, elements=elements)
+                     data_tiling=data_tiling, elements=elements, convolution=convolution)
 
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
@@ -271,6 +280,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
             raise TypeError("rewrite must return the StableHLO text as a str")
+        flags = module_flags(plan, chosen, cpu, data_tiling, text=text)
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))

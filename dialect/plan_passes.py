@@ -41,6 +41,16 @@ ELECTED_BY_DEFAULT = tuple(k for k in RAISABLE
                            if k not in ("convolution_weight_gradient", "convolution_input_gradient"))
 
 
+def elected(plan, kinds=ELECTED_BY_DEFAULT) -> tuple:
+    """The offers topos-elect raises in ``plan`` when it elects ``kinds``: known before any emission.
+
+    compile reads it to choose flags (a raised convolution gets IREE's img2col).
+    """
+    from topos.plan import elect
+
+    return elect(plan.candidates(), lambda c: c.kind in kinds)
+
+
 def _i64(value: int) -> ir.Attribute:
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(value))
 
@@ -175,7 +185,6 @@ def elect_pass(module, *, kinds: str = ",".join(ELECTED_BY_DEFAULT)) -> None:
     """Mark elected groups: topos.fusion_group on every claimed op, topos.fusion_kind on the root."""
     if "topos.offers" not in list(_topos_ops(module)[0].attributes):
         raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")
-    from topos.plan import elect
     from topos.plan.patterns import CATALOG
 
     wanted = {k.strip() for k in kinds.split(",") if k.strip()}
@@ -185,7 +194,7 @@ def elect_pass(module, *, kinds: str = ",".join(ELECTED_BY_DEFAULT)) -> None:
         raise OptionError(f"kinds names {unknown[0]!r}, which is no fusion kind (kinds: {', '.join(known)})")
     network, plan = _plan(module)
     function, ops = _topos_ops(module)
-    chosen = elect(plan.candidates(), lambda c: c.kind in wanted)
+    chosen = elected(plan, wanted)
     for group, candidate in enumerate(chosen):
         for n in candidate.nodes:
             ops[n].operation.attributes["topos.fusion_group"] = _i64(group)

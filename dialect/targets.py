@@ -145,6 +145,15 @@ def target(name: str) -> Target:
 DATA_TILING_THRESHOLD = 2**25
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
 
+# IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
+# nest; its img2col preprocessing rewrites the convolution as an im2col copy
+# and a matmul first. Measured with benchmarks/img2col.py (2-core AMD EPYC,
+# Zen 3, 2026-12-01; module time with / without): the forward plans, whose
+# convolutions are raised by default, MNIST LeNet 0.14, the benchmark conv
+# net 0.21, a LeNet-like net 0.37. Added only where the plan raises one.
+IMG2COL_FLAGS = ("--iree-preprocessing-pass-pipeline="
+                 "builtin.module(util.func(iree-global-opt-convert-conv2d-to-img2col))",)
+
 
 # The CPUs every llvm-cpu compile may name without asking LLVM: this machine's own
 # ("host", the default) and LLVM's portable baseline ("generic"). Only these compile
@@ -221,11 +230,13 @@ def check_cpu(chosen: Target, cpu) -> None:
 
 
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
-              data_tiling: bool = False, elements: Iterable = ()) -> tuple[str, ...]:
+              data_tiling: bool = False, elements: Iterable = (), convolution: bool = False) -> tuple[str, ...]:
     """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError.
 
     ``elements``: the module's element types (dtypes or their names); one
     the target refuses (``Target.refuses``) is a TargetError naming it.
+    ``convolution``: the module holds a ``stablehlo.convolution`` (llvm-cpu
+    then adds ``IMG2COL_FLAGS``).
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
@@ -234,6 +245,8 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
         flags.append(CPU_FLAG + cpu)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
+        if convolution:
+            flags.extend(IMG2COL_FLAGS)
     if uses_f64:
         if not chosen.supports_f64:
             raise TargetError(f"target {chosen.name} has no float64 support; record the graph in float32")

@@ -37,3 +37,30 @@ def test_the_lenet_twin_computes_the_oracles_loss_and_step():
     second = float(model.network.forward(after, model.feeds(1))[model.read])
     assert abs(float(twin.step(1)) - second) <= 1e-5 * abs(second)
     assert not np.isclose(first, second)  # the twin's state did advance
+
+
+def test_the_lenet_twin_carries_xlas_memory_analysis():
+    pytest.importorskip("jax")
+    memory = _zoo.jax_step(_zoo.build("lenet")).memory
+    assert memory is not None and memory["argument"] > 0 and memory["output"] > 0
+
+
+def test_the_memory_benchmark_reports_the_plan_iree_and_jax_for_a_zoo_model():
+    pytest.importorskip("iree.runtime")
+    import memory
+
+    figures = memory.measure("mlp-s")
+    weights = (784 * 128 + 128 + 128 * 10 + 10) * 4
+    assert figures["sources"] >= weights and figures["plan"] == figures["plan_values"] + figures["sources"]
+    assert isinstance(figures["iree"], int) and figures["iree"] >= weights  # the resident parameters at least
+    jax_figure = figures["jax"]
+    assert (isinstance(jax_figure, int) and jax_figure >= weights) or jax_figure.startswith("absent")
+
+
+def test_the_dispatch_profile_feeds_every_input_of_the_artifact(tmp_path):
+    import profile_dispatches
+
+    (tmp_path / "check.sh").write_text("exec iree-run-module \\\n  --input=@inputs/00_w.npy \\\n"
+                                       "  --input=f32=@inputs/01_optim.lr.bin \\\n  --expected_output=@x.npy\n")
+    assert profile_dispatches.input_flags(tmp_path) == [f"--input=@{tmp_path}/inputs/00_w.npy",
+                                                        f"--input=f32=@{tmp_path}/inputs/01_optim.lr.bin"]

@@ -9,6 +9,7 @@ from topos import Tape  # noqa: E402
 from topos.dialect.context import new_context  # noqa: E402
 from topos.dialect.parse import parse_module  # noqa: E402
 from topos.dialect.passes import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
+from topos.dialect.targets import IMG2COL_FLAGS  # noqa: E402
 from topos.nn import functional as F  # noqa: E402
 
 load_pass_modules()
@@ -72,6 +73,7 @@ def test_raised_module_compiled_by_iree_matches_the_oracle(dtype, tmp_path, monk
     network, loss, mean, plan = _net(dtype=dtype)
     assert "stablehlo.convolution" in plan.emit_stablehlo()
     compiled = plan.compile("llvm-cpu")
+    assert set(IMG2COL_FLAGS) <= set(compiled.flags)  # IREE rewrites the convolution as im2col + matmul
     parameters = network.parameters()
     run, oracle = compiled.forward(parameters), network.forward(parameters)
     np.testing.assert_allclose(run[loss], oracle[loss], rtol=1e-4)
@@ -96,3 +98,11 @@ def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_pa
     compiled = plan.compile("llvm-cpu")
     parameters = network.parameters()
     np.testing.assert_allclose(compiled.forward(parameters)[out], network.forward(parameters)[out], rtol=1e-5)
+
+
+def test_emit_stablehlo_raises_the_kinds_it_is_given_and_names_an_unknown_one():
+    network, loss, mean, plan = _net()
+    assert plan.emit_stablehlo(kinds=["max_pool"]).count("stablehlo.convolution") == 0
+    assert plan.emit_stablehlo(kinds="convolution,max_pool").count("stablehlo.convolution") == 1
+    with pytest.raises(PassFailure, match="kinds names 'conv', which is no fusion kind .*convolution_weight_gradient"):
+        plan.emit_stablehlo(kinds=["conv"])

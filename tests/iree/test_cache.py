@@ -306,7 +306,8 @@ def test_a_hit_is_found_before_any_lowering_runs_and_still_shows_its_stablehlo(t
     again = network.entry([out]).lower()
     lowered = []
     original = type(again)._stablehlo_with_timings
-    monkeypatch.setattr(type(again), "_stablehlo_with_timings", lambda self: lowered.append(1) or original(self))
+    monkeypatch.setattr(type(again), "_stablehlo_with_timings",
+                        lambda self, *kinds: lowered.append(1) or original(self, *kinds))
     hit = again.compile("llvm-cpu", cache=cache)
     assert hit.cache_hit and lowered == [] and hit.vmfb == first.vmfb
     assert set(hit.timings) == {"cache-hit", "total"}

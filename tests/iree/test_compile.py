@@ -242,6 +242,30 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
 
 
+def test_img2col_follows_the_convolutions_the_emission_raises():
+    """A forward plan raises its convolution and gets IREE's img2col; a training step keeps the composition."""
+    from topos.dialect.compiled import module_flags
+    from topos.dialect.targets import IMG2COL_FLAGS, target
+    from topos.nn import functional as F
+
+    def model(tape):
+        x = tape.input(np.ones((2, 3, 8, 8), np.float32))
+        w = tape.parameter(np.full((4, 3, 3, 3), 0.1, np.float32))
+        loss = F.conv2d(x, w, padding=1).relu().sum()
+        return loss, tape.differentiate(loss, [w])
+
+    network, (loss, adjoints) = Tape.record(model)
+    forward, training = network.entry([loss]).lower(), network.entry(adjoints.roots()).lower()
+    cpu, vulkan = target("llvm-cpu"), target("vulkan")
+    assert "stablehlo.convolution" in forward.emit_stablehlo()
+    assert set(IMG2COL_FLAGS) <= set(module_flags(forward, cpu, "host", None))
+    assert not set(IMG2COL_FLAGS) & set(module_flags(forward, vulkan, "host", None))  # measured on llvm-cpu only
+    assert "stablehlo.convolution" not in training.emit_stablehlo()
+    assert not set(IMG2COL_FLAGS) & set(module_flags(training, cpu, "host", None))
+    # A rewrite (the bisect seam) is read for a convolution instead of the election.
+    assert set(IMG2COL_FLAGS) <= set(module_flags(training, cpu, "host", None, text=forward.emit_stablehlo()))
+
+
 def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
     from topos.dialect.compiled import CompileError
 

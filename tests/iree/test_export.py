@@ -91,8 +91,25 @@ def test_the_manifest_names_every_argument_and_result(tmp_path):
     assert np.array_equal(raw.reshape(2, 2), oracle[plan.network.symbol(19)])  # the oracle's bits, raw
 
 
-def test_flags_txt_rebuilds_the_module_byte_for_byte(tmp_path):
-    folder = training_step(np.float32).export(tmp_path / "step")
+def conv_classifier():
+    """A forward plan that raises its convolution: its flags carry IREE's img2col pipeline, parentheses and all."""
+    from topos.nn import functional as F
+
+    rng = np.random.default_rng(3)
+
+    def record(tape):
+        x = tape.input(rng.standard_normal((2, 3, 8, 8)).astype(np.float32), name="images")
+        w = tape.parameter((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), name="w")
+        return F.max_pool(F.conv2d(x, w, padding=1).relu(), 2).sum()
+
+    network, out = Tape.record(record)
+    return network.entry([out]).lower()
+
+
+@pytest.mark.parametrize("plan_of", [lambda: training_step(np.float32), conv_classifier],
+                         ids=["training step", "conv classifier"])
+def test_flags_txt_rebuilds_the_module_byte_for_byte(plan_of, tmp_path):
+    folder = plan_of().export(tmp_path / "step")
     rebuild = tmp_path / "rebuild"
     rebuild.mkdir()
     shutil.copy(folder / "module.stablehlo.mlir", rebuild)
@@ -102,6 +119,10 @@ def test_flags_txt_rebuilds_the_module_byte_for_byte(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (rebuild / "module.vmfb").read_bytes() == (folder / "module.vmfb").read_bytes()
+    if plan_of is conv_classifier:
+        assert any(flag.startswith("--iree-preprocessing-pass-pipeline=") for flag in command)
+        done = run_check(folder)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_no_file_names_a_path_of_this_machine(tmp_path):

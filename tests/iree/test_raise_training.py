@@ -30,9 +30,7 @@ from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: E402, F401  
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
 from topos.dialect import conformance  # noqa: E402
-from topos.dialect.emit import emit_module  # noqa: E402
-from topos.dialect.passes import load_pass_modules, run_pipeline  # noqa: E402
-from topos.dialect.pipeline import to_stablehlo_with_locations  # noqa: E402
+from topos.dialect.passes import load_pass_modules  # noqa: E402
 from topos.dialect.plan_passes import RAISABLE  # noqa: E402
 from topos.plan import elect  # noqa: E402
 from topos.plan.patterns import pattern  # noqa: E402
@@ -51,12 +49,7 @@ GRADIENTS = ("convolution_weight_gradient", "convolution_input_gradient", "max_p
 
 def stablehlo(plan, kinds=None) -> str:
     """The plan's StableHLO: the default emission, or with ``topos-elect{kinds=...}``."""
-    if kinds is None:
-        return plan.emit_stablehlo()
-    roots, observes = plan._declared()
-    module = emit_module(plan.network, roots, observes, constants=plan.folded_constants())
-    run_pipeline(module, f"topos-fuse,topos-elect{{kinds={','.join(kinds)}}},topos-raise")
-    return to_stablehlo_with_locations(module)[0]
+    return plan.emit_stablehlo(kinds=kinds)
 
 
 def op_counts(text: str) -> Counter:

@@ -273,16 +273,18 @@ class Plan:
         values = evaluate(network, needed, {}, {})
         return {n: values[n] for n in folded}
 
-    def emit_stablehlo(self, debug_info: bool = False) -> str:
+    def emit_stablehlo(self, debug_info: bool = False, kinds=None) -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
 
         With ``debug_info`` every op keeps its location: the node and the
-        user's recording line.
+        user's recording line. ``kinds`` names the fusion kinds raised to
+        named StableHLO ops (``topos-elect{kinds=...}``); None raises the
+        default ones (``topos.dialect.plan_passes.ELECTED_BY_DEFAULT``).
         """
-        plain, located, _ = self._stablehlo_with_timings()
+        plain, located, _ = self._stablehlo_with_timings(kinds)
         return located if debug_info else plain
 
-    def _stablehlo_with_timings(self) -> tuple[str, str, dict[str, float]]:
+    def _stablehlo_with_timings(self, kinds=None) -> tuple[str, str, dict[str, float]]:
         import time
 
         from ..dialect.emit import emit_module
@@ -295,7 +297,10 @@ class Plan:
         module = emit_module(self.network, roots, observes, constants=self.folded_constants())
         emitted = time.perf_counter()
         # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
-        run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
+        if isinstance(kinds, str):  # "convolution,max_pool" as topos-opt spells it
+            kinds = kinds.split(",")
+        elect = "topos-elect" if kinds is None else f"topos-elect{{kinds={','.join(kinds)}}}"
+        run_pipeline(module, f"topos-fuse,{elect},topos-raise")
         raised = time.perf_counter()
         plain, located = to_stablehlo_with_locations(module)
         return plain, located, {"emit": emitted - started, "raise": raised - emitted,
