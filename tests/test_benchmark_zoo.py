@@ -1,4 +1,4 @@
-"""The benchmark zoo (benchmarks/_zoo.py): its models, its memory guard, and the jax.jit twin it writes itself."""
+"""The benchmark zoo (benchmarks/_zoo.py): its models, memory guard and jax.jit twins, and the tools built on it."""
 
 from __future__ import annotations
 
@@ -64,3 +64,33 @@ def test_the_dispatch_profile_feeds_every_input_of_the_artifact(tmp_path):
                                        "  --input=f32=@inputs/01_optim.lr.bin \\\n  --expected_output=@x.npy\n")
     assert profile_dispatches.input_flags(tmp_path) == [f"--input=@{tmp_path}/inputs/00_w.npy",
                                                         f"--input=f32=@{tmp_path}/inputs/01_optim.lr.bin"]
+
+
+def test_the_matmul_tile_spec_applies_and_keeps_the_product(tmp_path):
+    """benchmarks/matmul_tiles.py's tuning spec sets its tiles on the dispatch, and the module still multiplies."""
+    pytest.importorskip("iree.runtime")
+    import matmul_tiles
+
+    from topos import Tape
+    from topos.dialect.compiled import compile_stablehlo
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 48)).astype(np.float32)
+    network, y = Tape.record(lambda t: t.input(x, name="x") @ t.parameter(w, name="w"))
+    compiled = network.entry([y]).lower().compile("llvm-cpu", cache=False, data_tiling=False)
+    spec = tmp_path / "spec.mlir"
+    spec.write_text(matmul_tiles.SPEC.format(dm=32, dn=32, vm=4, vn=16, k=4))
+    configured = tmp_path / "configured"
+    vmfb = compile_stablehlo(compiled.stablehlo, [*compiled.flags, f"--iree-codegen-tuning-spec-path={spec}",
+                                                  f"--iree-hal-dump-executable-configurations-to={configured}"])
+    dumped = "".join(p.read_text() for p in configured.glob("*.mlir"))
+    assert "vector_common_parallel = [4, 16, 0]" in dumped and "distribution = [32, 32, 0]" in dumped
+    import iree.runtime as rt
+
+    config = rt.Config("local-sync")
+    context = rt.SystemContext(config=config)
+    module = rt.VmModule.copy_buffer(context.instance, vmfb)
+    context.add_vm_module(module)
+    arguments = compiled._arguments(network.parameters(), None)
+    got = np.asarray(context.modules[module.name]["main"](*arguments))
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
