@@ -148,9 +148,10 @@ DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=a
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy
 # and a matmul first. Measured with benchmarks/img2col.py (2-core AMD EPYC,
-# Zen 3, 2026-12-01; module time with / without): the forward plans, whose
-# convolutions are raised by default, MNIST LeNet 0.14, the benchmark conv
-# net 0.21, a LeNet-like net 0.37. Added only where the plan raises one.
+# Zen 3, 2026-12-01; module time with / without, two runs): the forward plans,
+# whose convolutions are raised by default, MNIST LeNet 0.14-0.15, the
+# benchmark conv net 0.18-0.21, a LeNet-like net 0.36-0.48. Added only where
+# the plan raises one.
 IMG2COL_FLAGS = ("--iree-preprocessing-pass-pipeline="
                  "builtin.module(util.func(iree-global-opt-convert-conv2d-to-img2col))",)
 
