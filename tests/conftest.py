@@ -82,3 +82,17 @@ def described_opcodes(network, start: int = 0) -> list[str]:
         assert match, f"unparseable describe line: {line!r}"
         rows.append(" ".join(filter(None, (match["opcode"], match["attributes"]))))
     return rows
+
+
+# The longest files of the default run (pytest --durations, 2026-12-01), started first: under
+# `-n auto --dist loadfile` a file runs whole on one worker, and these sort late by path
+# (tests/test_* after tests/dialect and tests/iree), so one of them left for last kept a single
+# worker busy for minutes while the other sat idle.
+LONGEST_FIRST = ("test_lit.py", "test_fuzz_stack.py", "test_examples_makemore.py", "test_benchmark_models.py",
+                 "test_conformance.py", "test_opt_fuzz.py", "test_raise_training.py", "test_invoke_path.py",
+                 "test_examples_vision.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
