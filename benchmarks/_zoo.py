@@ -84,7 +84,12 @@ class Twin:
     step: Callable[[int], np.ndarray]
     compile_seconds: float  # lower + compile, or the first call less one step where the twin has no lower()
     opening: list = field(default_factory=list)  # steps 0 and 1's values, where compiling had to run them
-    memory: dict | None = None  # XLA's memory analysis of the twin's step (_peers.memory_analysis)
+    analysis: Callable[[], dict | None] | None = None  # makes XLA's memory analysis when asked (memory.py)
+
+    @property
+    def memory(self) -> dict | None:
+        """XLA's memory analysis of the twin's step (``_peers.memory_analysis``), None where there is none."""
+        return self.analysis() if self.analysis else None
 
 
 def build(key: str) -> Model:
@@ -187,7 +192,7 @@ def _gpt_twin(workload) -> Twin:
         state[0], loss = peer.step(state[0])
         return np.asarray(loss)
 
-    return Twin(step, peer.compile_seconds, memory=peer.memory)
+    return Twin(step, peer.compile_seconds, analysis=lambda: peer.memory)
 
 
 def _first_call(step: Callable[[int], np.ndarray]) -> tuple[float, list]:
@@ -210,8 +215,8 @@ def _makemore_twin(work) -> Twin:
     def step(k):
         return np.asarray(column(work.feeds[k % len(work.feeds)]))
 
-    seconds, opening = _first_call(step)
-    return Twin(step, seconds, opening, memory_analysis(column.lower(work.feeds[0]).compile()))
+    # The analysis compiles the step a second time: only memory.py asks for it.
+    return Twin(step, *_first_call(step), analysis=lambda: memory_analysis(column.lower(work.feeds[0]).compile()))
 
 
 def _lenet_twin(model: Model) -> Twin:
@@ -258,7 +263,7 @@ def _lenet_twin(model: Model) -> Twin:
         state[0], loss = jitted(state[0], images, labels)
         return np.asarray(loss)
 
-    return Twin(step, seconds, memory=memory_analysis(compiled))
+    return Twin(step, seconds, analysis=lambda: memory_analysis(compiled))
 
 
 def _gpt2_twin(model: Model) -> Twin:
@@ -270,4 +275,4 @@ def _gpt2_twin(model: Model) -> Twin:
     began = time.perf_counter()
     compiled = forward.lower(params, tokens).compile()
     seconds = time.perf_counter() - began
-    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds, memory=memory_analysis(compiled))
+    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds, analysis=lambda: memory_analysis(compiled))

@@ -297,9 +297,9 @@ class Plan:
         module = emit_module(self.network, roots, observes, constants=self.folded_constants())
         emitted = time.perf_counter()
         # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
-        if isinstance(kinds, str):  # "convolution,max_pool" as topos-opt spells it
-            kinds = kinds.split(",")
-        elect = "topos-elect" if kinds is None else f"topos-elect{{kinds={','.join(kinds)}}}"
+        if kinds is not None and not isinstance(kinds, str):  # a str is already topos-opt's "a,b" spelling
+            kinds = ",".join(kinds)
+        elect = "topos-elect" if kinds is None else f"topos-elect{{kinds={kinds}}}"
         run_pipeline(module, f"topos-fuse,{elect},topos-raise")
         raised = time.perf_counter()
         plain, located = to_stablehlo_with_locations(module)
