@@ -247,7 +247,7 @@ def test_compiled_plan_card_shows_target_driver_and_module_and_draws_the_plan(re
         assert "nodes scheduled" in card and "stablehlo." not in card  # the plan's drawing, not the module's
 
 
-def test_bisect_card_says_ok_or_names_the_first_divergence(recorded, compile_cache):
+def test_bisect_card_says_ok_or_names_the_first_divergence(recorded, compile_cache, monkeypatch):
     network, w, x, loss, *_ = recorded
     entry = network.entry([loss])
     checked = sum(1 for n in network.nodes() if not n.is_source and n.index <= loss.index)
@@ -264,7 +264,8 @@ def test_bisect_card_says_ok_or_names_the_first_divergence(recorded, compile_cac
     assert f"divergence at %{tanh.index}" in seen
     assert "_plate.py" in seen and "envelope" in seen  # the user's line and the envelope it left
 
-    # A drawing that cannot be made says why, and the card still comes.
+    # A drawing that cannot be made says why, and the card still comes (Graphviz installed or not).
+    monkeypatch.setattr(topos.display, "graphviz_available", lambda: True)
     seen = text(dataclasses.replace(report, network=None)._repr_html_())
     assert "bisect on llvm-cpu: ok" in seen and "no drawing: this BisectReport carries no network" in seen
 
@@ -365,6 +366,7 @@ def test_a_card_never_raises(recorded, monkeypatch):
         raise RuntimeError("Graphviz exploded")
 
     monkeypatch.setattr(topos.drawing, "_render", broken)
+    monkeypatch.setattr(topos.display, "graphviz_available", lambda: True)  # the same without Graphviz
     seen = text(network._repr_html_())
     assert "no drawing: Graphviz exploded" in seen and "parameter 1" in seen
 
