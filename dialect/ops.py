@@ -33,6 +33,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler._mlir_libs import _mlir as _cext
 
+from topos.copies import is_splat
 from topos.element import (
     ELEMENTS,
     Selection,
@@ -286,18 +287,27 @@ class Elements(AttributeKind):
 
 
 def elements_attribute(array: np.ndarray) -> ir.DenseElementsAttr:
-    """A DenseElementsAttr holding exactly ``array``'s bits (float elements or int64 indices)."""
-    if not array.flags.c_contiguous:
+    """A DenseElementsAttr holding exactly ``array``'s bits (float elements or int64 indices).
+
+    A splat payload (one stored element, ``topos.copies.splat``) passes that
+    one element and the shape: MLIR reads a one-element buffer as a splat,
+    so a lifted number never becomes a full-shape buffer on the way.
+    """
+    shape = list(array.shape)
+    if is_splat(array):
+        array = np.array(array[(0,) * array.ndim]).reshape(1)
+    elif not array.flags.c_contiguous:
         array = array.copy(order="C")  # not np.ascontiguousarray: it makes rank 0 into rank 1
     if array.dtype.kind in "iu":
-        return ir.DenseElementsAttr.get(array.astype(np.int64, copy=False))
+        return ir.DenseElementsAttr.get(array.astype(np.int64, copy=False), shape=shape)
     if array.dtype not in ELEMENTS:
         raise TypeError(f"a leaf payload of dtype {array.dtype} has no topos element type")
     if array.dtype.char not in _BUFFER_FLOATS:
         # The bindings read buffers by format character and know no bfloat16 or
         # 8-bit float; the bits travel as unsigned integers under the element's type.
-        return ir.DenseElementsAttr.get(array.view(_BITS[array.dtype.itemsize]), type=element_type(array.dtype))
-    return ir.DenseElementsAttr.get(array)
+        return ir.DenseElementsAttr.get(array.view(_BITS[array.dtype.itemsize]), type=element_type(array.dtype),
+                                        shape=shape)
+    return ir.DenseElementsAttr.get(array, shape=shape)
 
 
 _BUFFER_FLOATS = "efd"  # float16, float32, float64: the float formats the buffer protocol names

@@ -196,6 +196,31 @@ def test_a_python_scalar_records_a_leaf_of_the_values_shape_and_dtype(element):
     assert network.describe().splitlines()[1].split() == ["1", "leaf", "()", "value=2", "[2,", "3]", short]
 
 
+@pytest.mark.parametrize("element", [topos.float32, topos.float64, topos.bfloat16], ids=["f32", "f64", "bf16"])
+def test_a_lifted_number_and_a_broadcast_payload_are_stored_as_one_element(element):
+    shape = (512, 768)
+
+    def model(tape):
+        x = tape.input(np.ones(shape, element))
+        kept = tape.leaf(np.broadcast_to(np.array(-0.0, element), shape))  # a caller's broadcast stays one too
+        return x * 0.044715 + kept
+
+    network, out = Tape.record(model)
+    kept, lifted = (n.symbol for n in network.nodes() if n.opcode.name == "leaf")  # in recording order
+    for symbol, value in ((lifted, 0.044715), (kept, -0.0)):
+        stored = network._payloads[symbol.index]
+        assert stored.shape == shape and not any(stored.strides) and not stored.flags.writeable
+        want = topos.element.convert(np.full(shape, value), element)
+        handed = network.payload(symbol)  # the caller's own full copy
+        assert handed.tobytes() == want.tobytes() and handed.flags.c_contiguous
+    # The oracle reads the stride-0 payloads like any array.
+    got = network.forward(network.parameters())[out]
+    assert got.tobytes() == (np.ones(shape, element) * topos.element.convert(np.float64(0.044715), element)).tobytes()
+    # The digest of a splat is its own: another number gives another plan digest.
+    other, out2 = Tape.record(lambda tape: tape.input(np.ones(shape, element)) * 0.5)
+    assert network.entry([out]).lower().digest() != other.entry([out2]).lower().digest()
+
+
 def test_a_bool_or_a_string_next_to_a_value_is_a_type_error():
     def model(tape):
         x = tape.input(1.0)

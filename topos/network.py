@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .copies import own
+from .copies import is_splat, own
 from .element import short_name
 from .errors import SealedError, SymbolError
 from .opcodes import Opcode, Spec
@@ -235,8 +235,14 @@ class Network:
         """
         digest = self._leaf_digests.get(n)
         if digest is None:  # two threads racing here compute the same bytes
-            payload = np.ascontiguousarray(self._payloads[n])
-            digest = hashlib.sha256(payload.dtype.str.encode() + payload.tobytes()).digest()
+            payload = self._payloads[n]
+            if is_splat(payload):  # its one element and shape (hashing the whole would read it n times)
+                one = np.array(payload[(0,) * payload.ndim])
+                digest = hashlib.sha256(b"splat" + str(payload.shape).encode() + one.dtype.str.encode()
+                                        + one.tobytes()).digest()
+            else:
+                payload = np.ascontiguousarray(payload)
+                digest = hashlib.sha256(payload.dtype.str.encode() + payload.tobytes()).digest()
             self._leaf_digests[n] = digest
         return digest
 

@@ -57,9 +57,10 @@ class Recordable:
                 "used only as the index operand of gather or scatter"
             )
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
+            from .copies import splat
             from .element import convert
 
-            return self._constant(convert(np.full(self.shape, other, dtype=np.float64), self.dtype))
+            return self._constant(splat(convert(np.float64(other), self.dtype), self.shape))
         if isinstance(other, np.ndarray):
             if other.dtype != self.dtype:
                 from .errors import ShapeError

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .copies import is_splat, splat
 from .element import Selection, SelectionType, is_element, short_name
 from .errors import RecordingError, SealedError, ShapeError, SymbolError
 from .opcodes import Opcode, Refusal, Spec, by_name
@@ -414,9 +415,12 @@ def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
     elif isinstance(value, Recordable):
         raise ShapeError(f"{site}: {kind}: payload is a Value; sources take arrays or numbers")
     else:
-        array = np.array(value)
-        if array.dtype.kind in "iub" and not isinstance(value, np.ndarray):
-            array = array.astype(np.float64)  # a bare Python number or list means float64
+        if is_splat(value):  # one stored element (a lifted number, np.broadcast_to): kept that way
+            array = splat(value[(0,) * value.ndim], value.shape)
+        else:
+            array = np.array(value)
+            if array.dtype.kind in "iub" and not isinstance(value, np.ndarray):
+                array = array.astype(np.float64)  # a bare Python number or list means float64
         if not is_element(array.dtype):
             raise ShapeError(
                 f"{site}: {kind}: element type {array.dtype} is not supported; "

@@ -130,6 +130,22 @@ def test_leaf_payloads_keep_their_bits_through_the_attribute(array):
     assert reparsed.tobytes() == array.tobytes()
 
 
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES, ids=lambda d: d.name)
+def test_a_splat_payload_becomes_a_splat_attribute_with_the_bits_of_the_full_array(dtype):
+    # -0.0 and a NaN with a payload: the one element's bits travel, not a value equal to them.
+    width = 8 * dtype.itemsize
+    negative_zero, quiet_nan = 1 << (width - 1), {16: 0x7FC1, 32: 0x7FC00001, 64: 0x7FF8000000000001}[width]
+    for bits in (negative_zero, quiet_nan):
+        one = np.array(bits, dtype=f"u{dtype.itemsize}").view(dtype)
+        full = np.full((300, 7), one)
+        assert full.view(f"u{dtype.itemsize}")[0, 0] == bits
+        with context.new_context(), ir.Location.unknown():
+            attribute = ops.elements_attribute(np.broadcast_to(one, full.shape))
+            assert attribute.is_splat and list(attribute.type.shape) == [300, 7]
+            assert ops.elements_array(attribute).tobytes() == full.tobytes()
+            assert str(attribute) == str(ops.elements_attribute(full))  # MLIR finds the full array uniform too
+
+
 def test_large_bf16_leaves_print_as_hex_and_read_back_exactly():
     array = (np.arange(300, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16)
     with context.new_context(), ir.Location.unknown():
