@@ -440,3 +440,18 @@ def test_fan_based_initializers_refuse_rank_one_shapes():
             initializer(Generator(1), 10)
     with pytest.raises(TypeError, match="takes a topos.init.Generator first"):
         init.zeros()(np.random.default_rng(0), (2, 2))
+
+
+def test_draws_in_chunks_give_the_bits_of_one_draw(monkeypatch):
+    """Philox blocks and Box-Muller pairs are made refmath.CHUNK at a time; the stream is the same."""
+    chunk = refmath.CHUNK
+
+    def draws():
+        g = init.Generator(11)
+        return [g.normal((3 * chunk + 5,)), g.bits(4 * chunk + 3), g.uniform((2 * chunk + 1,)),
+                g.truncated_normal((chunk + 9,), std=0.02), np.array(g.position)]
+
+    chunked = draws()
+    monkeypatch.setattr(refmath, "CHUNK", 1000 * chunk)  # one chunk holds every draw
+    for a, b in zip(chunked, draws()):
+        assert a.tobytes() == b.tobytes()

@@ -187,21 +187,29 @@ class Generator:
         first, blocks = -(-self._position // 4), -(-count // 4)
         if first + blocks > 2**64:
             raise ValueError(f"{self!r} has run out of counters; split() it or pick another seed")
-        index = np.arange(blocks, dtype=np.uint64) + np.uint64(first)
-        counters = np.zeros((blocks, 4), dtype=np.uint32)
-        counters[:, 0] = index & _LOW
-        counters[:, 1] = index >> _HALF
-        words = _philox4x32_10(counters, (self._seed & _MASK, self._seed >> 32)).reshape(-1)[:count]
+        key = (self._seed & _MASK, self._seed >> 32)
+        words = np.empty((blocks, 4), dtype=np.uint32)
+        for start in range(0, blocks, refmath.CHUNK):  # blocks are independent: chunks keep the bits
+            index = np.arange(start, min(start + refmath.CHUNK, blocks), dtype=np.uint64) + np.uint64(first)
+            counters = np.zeros((index.size, 4), dtype=np.uint32)
+            counters[:, 0] = index & _LOW
+            counters[:, 1] = index >> _HALF
+            words[start:start + index.size] = _philox4x32_10(counters, key)
         self._position = 4 * (first + blocks)
-        return words
+        return words.reshape(-1)[:count]
 
     def _normal64(self, count: int) -> np.ndarray:
         """``count`` standard normals in float64 by Box-Muller, one block per (cos, sin) pair."""
         pairs = -(-count // 2)
-        uniforms = _unit(self._words(4 * pairs)).reshape(pairs, 2)
-        radius = np.sqrt(-2.0 * refmath.log(1.0 - uniforms[:, 0]))
-        angle = _TWO_PI * uniforms[:, 1]
-        return np.stack([radius * refmath.cos(angle), radius * refmath.sin(angle)], axis=1).reshape(-1)[:count]
+        words = self._words(4 * pairs).reshape(pairs, 4)
+        normals = np.empty((pairs, 2))
+        for start in range(0, pairs, refmath.CHUNK):  # pairs are independent: chunks keep the bits
+            uniforms = _unit(words[start:start + refmath.CHUNK]).reshape(-1, 2)
+            radius = np.sqrt(-2.0 * refmath.log(1.0 - uniforms[:, 0]))
+            angle = _TWO_PI * uniforms[:, 1]
+            normals[start:start + refmath.CHUNK, 0] = radius * refmath.cos(angle)
+            normals[start:start + refmath.CHUNK, 1] = radius * refmath.sin(angle)
+        return normals.reshape(-1)[:count]
 
     def bits(self, count: int) -> np.ndarray:
         """The next ``count`` raw 32-bit words, as uint32."""
