@@ -19,6 +19,10 @@ compilation: pass the same one along (``emit_module(..., context=...)``).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
+
 from iree.compiler import ir
 
 # Loaded eagerly: the function shell (func), and the lowering targets
@@ -32,7 +36,23 @@ def configure(context: ir.Context) -> ir.Context:
     context.allow_unregistered_dialects = True
     for name in EAGER_DIALECTS:
         context.dialects[name]  # the lookup loads the dialect
+        _python_module(name)
     return context
+
+
+def _python_module(namespace: str) -> None:
+    """Give a dialect IREE ships no Python module for (stablehlo, chlo) an empty one.
+
+    Each time the bindings wrap an op of a namespace as an OpView they
+    import ``iree.compiler.dialects.<namespace>`` and remember only an
+    import that worked, so for stablehlo every wrap searched sys.path again:
+    3,669 failed imports, 0.2 s, in one emission of GPT-2 124M's forward. An
+    empty module is what the search ends in anyway: ops keep the generic
+    OpView. A release that ships the module is imported as it is.
+    """
+    name = f"iree.compiler.dialects.{namespace}"
+    if name not in sys.modules and importlib.util.find_spec(name) is None:
+        sys.modules[name] = types.ModuleType(name, f"no Python module ships for {namespace}: generic OpViews")
 
 
 def new_context() -> ir.Context:

@@ -23,6 +23,7 @@ passes are allowed on every op.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler._mlir_libs import _mlir as _cext
 
-from topos.copies import is_splat
+from topos.copies import is_splat, splat
 from topos.element import (
     ELEMENTS,
     Selection,
@@ -324,6 +325,10 @@ def elements_array(attribute: ir.DenseElementsAttr) -> np.ndarray:
     registered = registered_element(mlir_type.element_type)
     if registered is not None and registered.dtype.char not in _BUFFER_FLOATS:
         return _bits_array(attribute, shape, registered.dtype)
+    if registered is not None and attribute.is_splat and math.prod(shape) > 1:
+        one = ir.FloatAttr(attribute.get_splat_value()).value  # a Python float: exact for f16, f32, f64 numbers
+        if not math.isnan(one):  # a NaN's payload bits are not in the float: read the buffer below
+            return splat(np.array(one, dtype=registered.dtype), shape)
     return np.array(attribute, copy=True).reshape(shape)
 
 
@@ -342,8 +347,8 @@ def _bits_array(attribute: ir.Attribute, shape: tuple[int, ...], dtype: np.dtype
         body = text[len("dense<") : text.rindex(">", 0, text.rindex(":"))]
         tokens = body.replace("[", " ").replace("]", " ").replace(",", " ").split()
         bits = np.array([_token_bits(token, dtype) for token in tokens], dtype=unsigned)
-    if bits.size == 1 and count != 1:
-        bits = np.full(count, bits[0], dtype=unsigned)
+    if bits.size == 1 and count != 1:  # a splat stays one element (topos.copies.splat)
+        return splat(bits.astype(unsigned).view(dtype)[0], shape)
     return bits.astype(unsigned).view(dtype).reshape(shape).copy()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,28 @@ def test_emit_in_a_callers_context_configures_it():
     module = emit_module(network, roots, observes, context=ctx)
     assert module.context is ctx
     assert context.is_configured(ctx)
+
+
+def test_lowering_searches_for_no_dialect_module_per_op(monkeypatch):
+    """The bindings import a dialect's Python module on every OpView wrap until one imports: configure gives one."""
+    import importlib._bootstrap as bootstrap
+
+    network, roots, observes = graphs.walkthrough()
+    plan = network.entry(list(roots)).lower()
+    plan.emit_stablehlo()  # every module the lowering imports is loaded now
+    searched = []
+    find_and_load = bootstrap._find_and_load
+
+    def spy(name, *args):
+        if name not in sys.modules:
+            searched.append(name)
+        return find_and_load(name, *args)
+
+    monkeypatch.setattr(bootstrap, "_find_and_load", spy)
+    text = plan.emit_stablehlo()
+    assert "stablehlo." in text and searched == []
+    for name in ("stablehlo", "chlo"):
+        assert sys.modules[f"iree.compiler.dialects.{name}"].__doc__.startswith("no Python module ships")
 
 
 def test_emit_needs_something_to_export():
