@@ -72,6 +72,7 @@ from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
 from _peers import available
 
 from topos import Numerics
+from topos.dialect.targets import DATA_TILING_FLAGS
 
 MODELS = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}
 COLUMNS = ("topos IREE", "jax.jit", "PyTorch", "oracle", "FAST plan")
@@ -239,7 +240,7 @@ def module_runners(compiled, workload: Workload) -> dict[str, Runner]:
             "module, device batch": Runner(lambda: function(*device), lambda: None)}
 
 
-WHAT_IF_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+WHAT_IF_FLAGS = DATA_TILING_FLAGS  # what the step would run like tiled, whatever its size
 
 
 def standalone_module(stablehlo: str, flags, arguments) -> Runner:

@@ -5,8 +5,9 @@ reaches ``topos.dialect.targets.DATA_TILING_THRESHOLD`` multiply-adds.
 This script is the evidence for that number: each model of ``_zoo.py``
 is lowered once, its StableHLO compiled (no cache) under topos's llvm-cpu
 flags without data tiling, with ``--iree-opt-data-tiling`` (IREE's default
-ukernel choice), and with data tiling plus
-``--iree-llvmcpu-enable-ukernels=all``; each module is called on the same
+ukernel choice), with data tiling plus the mmt4d and pack microkernels
+(topos's flags) and with every microkernel
+(``--iree-llvmcpu-enable-ukernels=all``); each module is called on the same
 device-resident arguments (IREE local-sync, one pinned CPU) in
 interleaved rounds. Printed: the largest matmul (log2 of its
 multiply-adds), what topos chooses by default, and the median ms of each
@@ -41,7 +42,8 @@ from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # no
 VARIANTS = {
     "untiled": (),
     "data tiling": ("--iree-opt-data-tiling",),
-    "data tiling + ukernels": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
+    "+ ukernels mmt4d,pack (topos)": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack"),
+    "+ ukernels all": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
 }
 PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
              "gpt2-124m-forward": 1}

@@ -142,8 +142,14 @@ def target(name: str) -> Target:
 # 784-128-10 MLP step (2^22.6) 1.02-1.04, makemore's steps 0.84-1.13 (noise).
 # (On a Zen 4 machine an earlier run put the small GPT at 1.04: the threshold
 # is a measurement of this machine; compile(data_tiling=...) overrides it.)
+# The microkernels: mmt4d (the tiled product) and pack, not unpack. On a
+# 2-core Intel Xeon with AVX-512 (2026-12-02, benchmarks/data_tiling.py, three
+# runs) the unpack microkernel made the small GPT's step 7-11% slower than
+# IREE's generated unpack (ukernels=all 19.6-20.7 ms, mmt4d,pack 18.2-18.7),
+# and generating pack costs compile time (mmt4d alone: 6.6 s against 5.3 s);
+# MLP M and GPT-2 124M ran level with every choice.
 DATA_TILING_THRESHOLD = 2**25
-DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack")
 
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy
