@@ -246,6 +246,17 @@ def test_chunks_change_no_bit(dtype, monkeypatch):
         assert _same(chunked[name], whole[name]), name
 
 
+def test_sin_cos64_gives_the_bits_of_sin_and_cos():
+    rng = np.random.default_rng(6)
+    x = np.concatenate([rng.standard_normal(2 * refmath.CHUNK + 3) * 10, rng.uniform(-1e6, 1e6, 500),
+                        [0.0, -0.0, 1e-30, -1e-30, np.inf, -np.inf, np.nan, 1e300, -3e22]]).reshape(-1, 1)
+    sine, cosine = refmath.sin_cos64(x)
+    assert sine.shape == cosine.shape == x.shape
+    assert _same(sine, refmath.sin(x)) and _same(cosine, refmath.cos(x))
+    with pytest.raises(ShapeError, match="float64"):
+        refmath.sin_cos64(np.ones(3, np.float32))
+
+
 def test_unsupported_dtypes_and_mismatched_pow_operands_raise():
     with pytest.raises(ShapeError, match="float16"):
         refmath.exp(np.ones(3, dtype=np.float16))

@@ -207,8 +207,9 @@ class Generator:
             uniforms = _unit(words[start:start + refmath.CHUNK]).reshape(-1, 2)
             radius = np.sqrt(-2.0 * refmath.log(1.0 - uniforms[:, 0]))
             angle = _TWO_PI * uniforms[:, 1]
-            normals[start:start + refmath.CHUNK, 0] = radius * refmath.cos(angle)
-            normals[start:start + refmath.CHUNK, 1] = radius * refmath.sin(angle)
+            sine, cosine = refmath.sin_cos64(angle)
+            normals[start:start + refmath.CHUNK, 0] = radius * cosine
+            normals[start:start + refmath.CHUNK, 1] = radius * sine
         return normals.reshape(-1)[:count]
 
     def bits(self, count: int) -> np.ndarray:

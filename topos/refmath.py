@@ -668,23 +668,28 @@ def _rem_pio2(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return n, y0, y1
 
 
-def _sin64(x: np.ndarray) -> np.ndarray:
+def _sin_cos64(x: np.ndarray, want_sin: bool = True, want_cos: bool = True):
+    """(sin x, cos x) from one argument reduction and one pair of kernels; None for the one not wanted."""
     n, y0, y1 = _rem_pio2(x)
     s = _kernel_sin(y0, y1)
     c = _kernel_cos(y0, y1)
     q = n & 3
-    y = np.where(q == 0, s, np.where(q == 1, c, np.where(q == 2, -s, -c)))
-    y = np.where(np.abs(x) < 2.0**-27, x, y)  # sin(x) rounds to x; keeps -0
-    return np.where(np.isfinite(x), y, np.nan)
+    finite = np.isfinite(x)
+    sine = cosine = None
+    if want_sin:
+        sine = np.where(q == 0, s, np.where(q == 1, c, np.where(q == 2, -s, -c)))
+        sine = np.where(finite, np.where(np.abs(x) < 2.0**-27, x, sine), np.nan)  # sin(x) rounds to x; keeps -0
+    if want_cos:
+        cosine = np.where(finite, np.where(q == 0, c, np.where(q == 1, -s, np.where(q == 2, -c, s))), np.nan)
+    return sine, cosine
+
+
+def _sin64(x: np.ndarray) -> np.ndarray:
+    return _sin_cos64(x, want_cos=False)[0]
 
 
 def _cos64(x: np.ndarray) -> np.ndarray:
-    n, y0, y1 = _rem_pio2(x)
-    s = _kernel_sin(y0, y1)
-    c = _kernel_cos(y0, y1)
-    q = n & 3
-    y = np.where(q == 0, c, np.where(q == 1, -s, np.where(q == 2, -c, s)))
-    return np.where(np.isfinite(x), y, np.nan)
+    return _sin_cos64(x, want_sin=False)[1]
 
 
 # --------------------------------------------------------------------------
@@ -1039,6 +1044,23 @@ erf = _unary("erf")
 erf.__doc__ = "The error function 2/sqrt(pi) * integral of exp(-t*t) from 0 to x (fdlibm s_erf.c)."
 erf_derivative = _unary("erf_derivative")
 erf_derivative.__doc__ = "2/sqrt(pi) * exp(-x*x), with x*x kept exact so large |x| stays accurate."
+
+
+def sin_cos64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sin and cos of a float64 array at once: the bits of sin(x) and cos(x), one argument reduction.
+
+    topos.init's Box-Muller needs both of every angle.
+    """
+    x = np.asarray(x)
+    if x.dtype != _FLOAT64:
+        raise ShapeError(f"sin_cos64 takes a float64 array, got {x.dtype}; widen it first")
+    flat = np.ascontiguousarray(x).reshape(-1)
+    sine, cosine = np.empty(flat.size), np.empty(flat.size)
+    with np.errstate(all="ignore"):
+        for start in range(0, flat.size, CHUNK):
+            part = slice(start, start + CHUNK)
+            sine[part], cosine[part] = _sin_cos64(flat[part])
+    return sine.reshape(x.shape), cosine.reshape(x.shape)
 
 
 def pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:  # noqa: A001 - the opcode's name
