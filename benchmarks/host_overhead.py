@@ -15,6 +15,10 @@ driver), timed four ways in one process pinned to one CPU:
 * chained   ``VmContext.invoke`` with no topos Python, doing the step's
             device work: each call's updated parameters are the next call's
             arguments and the batch is copied from the host every call
+* step, selections
+            ``compiled.step`` fed each index batch as a ``topos.selection``
+            (checked once when it was made, as ``data[rows]`` of a checked
+            data set is), so the step scans no index for bounds
 
 topos's share is step minus module, in µs and as a share of the step;
 "of which Python" is step minus chained: what is left once the step's own
@@ -62,6 +66,18 @@ def step_runner(compiled, network, feeds: dict, updates) -> Runner:
         state[0], _ = compiled.step(state[0], feeds, updates)
 
     return Runner(step, lambda: None)
+
+
+def selection_feeds(network, feeds: dict) -> dict:
+    """The same feeds with every index batch as a topos.selection: checked here, once."""
+    import topos
+    from topos.element import SelectionType
+
+    chosen = {}
+    for key, value in feeds.items():
+        dtype = network._specs[network.check(network.named(key) if isinstance(key, str) else key)].dtype
+        chosen[key] = topos.selection(value, dtype.extent) if isinstance(dtype, SelectionType) else value
+    return chosen
 
 
 def _host_inputs(compiled, network, feeds: dict) -> dict:
@@ -152,21 +168,24 @@ def main() -> None:
         arguments = device_arguments(compiled, network, feeds)
         runners = {"step": step_runner(compiled, network, feeds, updates),
                    "invoker": invoker_runner(compiled, arguments), "module": module_floor(compiled, arguments),
-                   "chained": chained_module(compiled, network, feeds, updates)}
+                   "chained": chained_module(compiled, network, feeds, updates),
+                   "selections": step_runner(compiled, network, selection_feeds(network, feeds), updates)}
         timing = measure(runners, dict.fromkeys(runners, args.steps), args.rounds, warmup=20)
         for clock, rows_of in rows.items():
-            step, invoker, module, chained = (getattr(timing[c], clock) for c in runners)
+            step, invoker, module, chained, selections = (getattr(timing[c], clock) for c in runners)
             rows_of.append([name, _us(step), _us(invoker), _us(module), _us(chained), _us(step - module),
                             f"{100 * (step - module) / step:.1f} %", _us(step - chained),
-                            f"{100 * (step - chained) / step:.1f} %"])
+                            f"{100 * (step - chained) / step:.1f} %", _us(selections),
+                            _us(selections - chained), f"{100 * (selections - chained) / selections:.1f} %"])
         del runners, arguments, compiled  # release device buffers before the next model
 
     header = ["model", "step µs", "invoker µs", "module µs", "chained µs", "topos share µs", "share of step",
-              "of which Python µs", "Python share"]
+              "of which Python µs", "Python share", "step, selections µs", "its Python µs", "its Python share"]
     print("one compiled training step: median wall-clock µs. invoker: the module through iree.runtime's "
           "FunctionInvoker on device arguments; module: VmContext.invoke on a prebuilt argument list (the floor); "
           "chained: VmContext.invoke passing updated parameters on and uploading the batch each call, no topos "
-          "Python. topos share = step - module; of which Python = step - chained\n")
+          "Python; step, selections: the index batches fed as topos.selection. topos share = step - module; "
+          "of which Python = step - chained\n")
     print(table(header, rows["wall"]))
     print("\nthe same steps, median process CPU µs\n")
     print(table(header, rows["cpu"]))

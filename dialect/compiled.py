@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from topos.copies import own
-from topos.element import SelectionType, convert
+from topos.element import Selection, SelectionType, convert
 from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 from topos.provenance import user_site
@@ -702,6 +702,10 @@ def _bind_common(inputs: _Inputs, feeds) -> list | None:
                 # pays for cold, after the module ran (measured: benchmarks/host_overhead.py).
                 if rows and not (value.item(value.argmax()) < rows and value.item(value.argmin()) >= 0):
                     return None
+            elif type(value) is Selection:  # checked when it was made: no bounds scan
+                if not rows or value.extent > rows or value.indices.shape != shape:
+                    return None
+                value = value.indices
             elif type(value) is not float or not number:
                 return None
             if values[slot] is None:

@@ -185,3 +185,20 @@ def test_a_selection_fed_with_floats_or_the_wrong_shape_is_refused(recorded):
     assert f"input {indices!r}" in message and "integer" in message and "float64" in message
     message = _error(recorded, {indices: np.array([1, 2, 3])})
     assert "[2]" in message and "[3]" in message
+
+
+def test_indexing_a_selection_gives_a_selection_of_the_same_extent_without_a_second_check(monkeypatch):
+    data = topos.selection(np.arange(12).reshape(6, 2) % 5, 5)
+    import topos.element as element
+
+    monkeypatch.setattr(element, "check_indices", lambda *a: pytest.fail("checked again"))
+    for key, want in ((np.array([4, 0, 4]), data.indices[[4, 0, 4]]), (slice(1, 3), data.indices[1:3]),
+                      ((slice(None), 1), data.indices[:, 1]), (2, data.indices[2]), ((2, 1), data.indices[2, 1])):
+        taken = data[key]
+        assert type(taken) is topos.Selection and taken.extent == 5
+        assert np.array_equal(taken.indices, want) and taken.indices.dtype == np.int64
+        assert taken.indices.flags.c_contiguous and not taken.indices.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            taken.indices[...] = 0
+    # np.asarray of a selection stays what it was: one object, not a sequence of selections.
+    assert np.asarray(data).dtype == object and np.asarray(data).shape == ()

@@ -559,6 +559,23 @@ class Selection:
         object.__setattr__(self, "extent", extent)
         self._validate()
 
+    def __getitem__(self, key) -> Selection:
+        """``indices[key]`` as a Selection of the same extent, not checked again: valid indices stay valid.
+
+        Check a data set once, ``data = topos.selection(X, extent)``, and
+        feed ``data[rows]`` each step: a compiled step takes a Selection's
+        indices as they are, where an int64 array costs two bounds scans a
+        step (about 2.5 µs each on makemore's batches, after the module ran).
+        """
+        taken = np.asarray(self.indices[key])
+        if not taken.flags.c_contiguous:
+            taken = taken.copy()
+        taken.flags.writeable = False
+        picked = object.__new__(Selection)
+        object.__setattr__(picked, "indices", taken)
+        object.__setattr__(picked, "extent", self.extent)
+        return picked
+
     def _validate(self):
         extent = self.extent
         if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:

@@ -27,7 +27,7 @@ from series import finish, parser, windows  # noqa: E402
 from series import sample as draw  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
-from topos import Tape, init, nn, optim  # noqa: E402
+from topos import Tape, init, nn, optim, selection  # noqa: E402
 
 
 class Mlp(nn.Module):
@@ -93,6 +93,9 @@ def main(argv=None) -> None:
     args = command_line().parse_args(argv)
 
     names, (xs, ys), (dev_x, dev_y), picks = windows(args, args.context)
+    # Checked once here: a batch of a selection, xs[rows], is a selection too, and a step
+    # feeds it without scanning its indices again (docs/performance.md, host overhead).
+    xs, ys = selection(xs, names.vocabulary), selection(ys, names.vocabulary)
 
     def feeds_of(step: int) -> dict:
         rows = picks[step % len(picks)]

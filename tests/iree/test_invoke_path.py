@@ -129,6 +129,38 @@ def test_index_feeds_and_a_python_float_rate_match_function_invoker_bitwise(dtyp
         _same_bits(host[symbol], before.parameter(symbol), f"{symbol!r}")
 
 
+def test_selection_feeds_skip_the_bounds_scan_and_give_the_bits_of_index_arrays(monkeypatch):
+    """A batch of a checked selection (data[rows]) is fed as it is; a wider or misshapen one goes to bind_feeds."""
+    network, loss, updates, rate = _embedding_step(topos.float32)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    rng = np.random.default_rng(8)
+    tokens, targets = rng.integers(0, 11, (40, 3)), rng.integers(0, 11, 40)
+    data_tokens, data_targets = topos.selection(tokens, 11), topos.selection(targets, 11)
+    arrays = selections = compiled.resident(network.parameters())
+    calls = []
+    real = compiled_module.bind_feeds
+    monkeypatch.setattr(compiled_module, "bind_feeds", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for k in range(3):
+        rows = rng.integers(0, 40, 8)
+        batch = data_tokens[rows]
+        assert isinstance(batch, topos.Selection) and batch.extent == 11 and not batch.indices.flags.writeable
+        arrays, by_array = compiled.step(arrays, {"tokens": tokens[rows], "target": targets[rows], rate: 0.5}, updates)
+        selections, by_selection = compiled.step(
+            selections, {"tokens": batch, "target": data_targets[rows], rate: 0.5}, updates)
+        _same_bits(by_selection[loss], by_array[loss], f"loss at step {k}")
+    assert calls == []
+    # Indices into more rows than the table holds are checked as any array is: in bounds, they pass...
+    wide = topos.selection(tokens[:8], 12)
+    compiled.step(selections, {"tokens": wide, "target": data_targets[:8], rate: 0.5}, updates)
+    assert calls == [1]
+    # ... and out of bounds, they are the FeedError an int64 array gets.
+    with pytest.raises(FeedError, match="selection index 11"):
+        compiled.step(selections, {"tokens": topos.selection(np.full((8, 3), 11), 12), "target": data_targets[:8],
+                                   rate: 0.5}, updates)
+    with pytest.raises(FeedError, match="shape"):
+        compiled.step(selections, {"tokens": data_tokens[:7], "target": data_targets[:8], rate: 0.5}, updates)
+
+
 def test_a_rate_array_changed_in_place_between_steps_is_read_afresh():
     network, loss, updates, rate = _embedding_step(topos.float32)
     compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
