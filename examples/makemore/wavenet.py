@@ -46,7 +46,7 @@ from names import Names  # noqa: E402
 from series import finish, parser, read_dev_and_sample, windows  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
-from topos import Tape, init, nn, optim  # noqa: E402
+from topos import Tape, init, nn, optim, selection  # noqa: E402
 
 
 class FlattenConsecutive(nn.Module):
@@ -141,6 +141,7 @@ def main(argv=None) -> None:
     args = command_line().parse_args(argv)
 
     names, (xs, ys), (dev_x, dev_y), picks = windows(args, args.context)
+    xs, ys = selection(xs, names.vocabulary), selection(ys, names.vocabulary)  # checked once: batches skip the scan
 
     def feeds_of(step: int) -> dict:
         rows = picks[step % len(picks)]
