@@ -206,7 +206,9 @@ def test_benchmark_training_step_on_xla_is_within_the_envelopes(build):
     bad = graded.unexplained()
     assert not bad, "\n".join(str(r) for r in bad[:5])
     covered = [r for r in graded.failures() if graded.divergence_of(r) is not None]
-    assert all(r.deviation.worst <= 2 for r in covered), "\n".join(str(r) for r in covered[:5])
+    # The rewrites' two roundings: 1-2 ulps on AVX2 machines, 3 on an AVX-512 Xeon (the GPT's LayerNorm gradient).
+    worst = sorted(covered, key=lambda r: -r.deviation.worst)
+    assert all(r.deviation.worst <= 3 for r in covered), "\n".join(str(r) for r in worst[:5])
     got = graded.values[loss.index].astype(np.float64)
     want = np.asarray(graded.oracle[loss]).astype(np.float64)
     assert abs(got - want) <= END_TO_END_ULPS * np.finfo(np.float32).eps * abs(want)

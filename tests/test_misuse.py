@@ -26,6 +26,7 @@ from topos import (
     DifferentiationError,
     FeedError,
     Numerics,
+    PlanError,
     RecordingError,
     SealedError,
     ShapeError,
@@ -566,6 +567,13 @@ def a_plan_run_with_another_networks_table():
 def reading_a_plan_run_outside_its_declaration():
     network, (w, x, loss) = _small()
     network.entry([loss]).lower().forward(network.parameters())[x]
+
+
+@case(PlanError, "kinds=...\\) names 'conv', which is no fusion kind", "choose among .*convolution,")
+def raising_a_fusion_kind_that_does_not_exist():
+    pytest.importorskip("iree.compiler")
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().emit_stablehlo(kinds=["conv"])
 
 
 # ---- facades -----------------------------------------------------------------------------------------

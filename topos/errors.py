@@ -52,3 +52,7 @@ class RecordingError(AtTheUsersLine, RuntimeError):
 
 class CheckpointError(AtTheUsersLine, ValueError):
     """A checkpoint file could not be written or read, or does not fit the network it is loaded into."""
+
+
+class PlanError(AtTheUsersLine, ValueError):
+    """A plan was asked for what it does not have, such as a fusion kind the pattern catalog does not define."""

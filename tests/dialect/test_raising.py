@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("iree.compiler")
 
-from topos import Tape  # noqa: E402
+from topos import PlanError, Tape  # noqa: E402
 from topos.dialect.context import new_context  # noqa: E402
 from topos.dialect.parse import parse_module  # noqa: E402
 from topos.dialect.passes import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
@@ -104,5 +104,9 @@ def test_emit_stablehlo_raises_the_kinds_it_is_given_and_names_an_unknown_one():
     network, loss, mean, plan = _net()
     assert plan.emit_stablehlo(kinds=["max_pool"]).count("stablehlo.convolution") == 0
     assert plan.emit_stablehlo(kinds="convolution,max_pool").count("stablehlo.convolution") == 1
-    with pytest.raises(PassFailure, match="kinds names 'conv', which is no fusion kind .*convolution_weight_gradient"):
+    with pytest.raises(PlanError, match=r"test_raising\.py:\d+ .*kinds=\.\.\.\) names 'conv', which is no fusion "
+                       r"kind; choose among .*convolution_weight_gradient"):
         plan.emit_stablehlo(kinds=["conv"])
+    with pytest.raises(PlanError, match="names 7"):
+        plan.emit_stablehlo(kinds=[7])
+    assert plan.emit_stablehlo(kinds=[]).count("stablehlo.convolution") == 0  # no kinds: nothing raised

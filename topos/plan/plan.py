@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import PlanError
 from ..interpret import bind_feeds, bind_parameters, source_value
 from ..network import describe_line, plural
 from ..run import Run
@@ -281,6 +282,17 @@ class Plan:
         named StableHLO ops (``topos-elect{kinds=...}``); None raises the
         default ones (``topos.dialect.plan_passes.ELECTED_BY_DEFAULT``).
         """
+        if kinds is not None:
+            from .patterns import CATALOG
+
+            known = [p.kind for p in CATALOG]
+            names = kinds.split(",") if isinstance(kinds, str) else list(kinds)
+            for name in names:
+                if isinstance(name, str) and not name.strip():
+                    continue  # "a,,b" or no kinds at all: topos-elect skips empty names
+                if not isinstance(name, str) or name.strip() not in known:
+                    raise PlanError(f"emit_stablehlo(kinds=...) names {name!r}, which is no fusion kind; "
+                                    f"choose among {', '.join(known)}")
         plain, located, _ = self._stablehlo_with_timings(kinds)
         return located if debug_info else plain
 
