@@ -262,6 +262,8 @@ def _slice(x: ir.Value, axis: int, start: int, limit: int, stride: int = 1) -> i
     starts[axis], limits[axis], strides[axis] = start, limit, stride
     out = list(shape)
     out[axis] = (limit - start + stride - 1) // stride
+    if out[axis] == 1:  # one element: the same slice with stride 1, which IREE 3.13 compiles where it
+        limits[axis], strides[axis] = start + 1, 1  # refused [0:1:2] (docs/reliability.md, iree-unit-slice-reshape)
     return _one("stablehlo.slice", [x], _tensor(out, _element(x)), start_indices=_i64s(starts),
                 limit_indices=_i64s(limits), strides=_i64s(strides))
 

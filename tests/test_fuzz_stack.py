@@ -598,6 +598,24 @@ def test_fixed_unit_slice_reshape_compiles(compile_cache):
         network.forward(network.parameters())[negated])
 
 
+def test_fixed_strided_unit_slice_compiles(compile_cache):
+    """The slow IREE fuzz's refusal of 2026-12-02: unfold with a step past its one-element axis, observed."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array([0.5478467345237732], np.float32))
+        window = x.unfold(0, 1, 2, 1)  # [1] -> [1, 1]: stablehlo.slice [0:1:2], then broadcast_in_dim
+        return window, window.sum()
+
+    network, (window, total) = Tape.record(model)
+    plan = network.entry([total], observe=[window]).lower()
+    assert "[0:1:2]" not in plan.emit_stablehlo()  # a one-element slice is emitted with stride 1
+    compiled = plan.compile("llvm-cpu")
+    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
+    for symbol in (window, total):
+        assert _bits(run[symbol]) == _bits(oracle[symbol])
+
+
 @pytest.mark.skipif(not HAS_LINKER, reason="float64 on llvm-cpu links a system shared object: no ld or cc")
 def test_fixed_f64_sin_of_a_constant_compiles(compile_cache):
     pytest.importorskip("iree.compiler")
