@@ -262,8 +262,8 @@ def _slice(x: ir.Value, axis: int, start: int, limit: int, stride: int = 1) -> i
     starts[axis], limits[axis], strides[axis] = start, limit, stride
     out = list(shape)
     out[axis] = (limit - start + stride - 1) // stride
-    if out[axis] == 1:  # one element: the same slice with stride 1, which IREE 3.13 compiles where it
-        limits[axis], strides[axis] = start + 1, 1  # refused [0:1:2] (docs/reliability.md, iree-unit-slice-reshape)
+    if out[axis] == 1:  # one element: the same slice with stride 1 ([0:1:2] of a [1] tensor, then
+        limits[axis], strides[axis] = start + 1, 1  # broadcast, was refused: reliability.md, iree-unit-slice-reshape)
     return _one("stablehlo.slice", [x], _tensor(out, _element(x)), start_indices=_i64s(starts),
                 limit_indices=_i64s(limits), strides=_i64s(strides))
 
@@ -594,13 +594,14 @@ def _unfold(node: _Node) -> ir.Value:
     (x,) = node.operands
     axis, size, step, dilation = (node.integer(n) for n in ("axis", "size", "step", "dilation"))
     count = node.shape[axis]
-    lane_shape = node.shape[: axis + 1] + (1,) + node.shape[axis + 2 :]
+    # The lane axis is inserted before slicing: a one-element slice reshaped (or broadcast) to
+    # [1, 1] is what IREE 3.13 refuses when it is also returned (iree-unit-slice-reshape).
+    widened = _reshape(x, _shape(x)[: axis + 1] + (1,) + _shape(x)[axis + 1 :])
     lanes = []
     for lane in range(size):
         # lane j of window i reads element i*step + j*dilation: a strided slice.
         first = lane * dilation
-        strided = _slice(x, axis, first, first + (count - 1) * step + 1, step)
-        lanes.append(_reshape(strided, lane_shape))
+        lanes.append(_slice(widened, axis, first, first + (count - 1) * step + 1, step))
     if len(lanes) == 1:
         return lanes[0]
     return _one("stablehlo.concatenate", lanes, node.type, dimension=ir.IntegerAttr.get(

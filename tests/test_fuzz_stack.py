@@ -598,13 +598,14 @@ def test_fixed_unit_slice_reshape_compiles(compile_cache):
         network.forward(network.parameters())[negated])
 
 
-def test_fixed_strided_unit_slice_compiles(compile_cache):
-    """The slow IREE fuzz's refusal of 2026-12-02: unfold with a step past its one-element axis, observed."""
+@pytest.mark.parametrize("length", [1, 2])
+def test_fixed_one_window_unfold_compiles(compile_cache, length):
+    """The slow IREE fuzz's refusals of 2026-12-02: one window of one element, observed and summed."""
     pytest.importorskip("iree.compiler")
 
     def model(tape):
-        x = tape.parameter(np.array([0.5478467345237732], np.float32))
-        window = x.unfold(0, 1, 2, 1)  # [1] -> [1, 1]: stablehlo.slice [0:1:2], then broadcast_in_dim
+        x = tape.parameter(np.array([0.5478467345237732, -0.9208531379699707][:length], np.float32))
+        window = x.unfold(0, 1, 2, 1)  # [length] -> [1, 1]
         return window, window.sum()
 
     network, (window, total) = Tape.record(model)

@@ -51,13 +51,11 @@ func.func @narrow_pad(%arg0: tensor<3x6xf32>) -> tensor<6x3xf32> {
 // Lane j of window i reads element i*step + j*dilation: one strided slice per lane.
 // Extent 9, size 3, step 2, dilation 2: count 3; lane j starts at 2j.
 // CHECK-LABEL: func.func @unfold
-// CHECK-NEXT:    %[[L0:.+]] = stablehlo.slice %arg0 [0:2, 0:5:2] : (tensor<2x9xf32>) -> tensor<2x3xf32>
-// CHECK-NEXT:    %[[R0:.+]] = stablehlo.reshape %[[L0]] : (tensor<2x3xf32>) -> tensor<2x3x1xf32>
-// CHECK-NEXT:    %[[L1:.+]] = stablehlo.slice %arg0 [0:2, 2:7:2] : (tensor<2x9xf32>) -> tensor<2x3xf32>
-// CHECK-NEXT:    %[[R1:.+]] = stablehlo.reshape %[[L1]] : (tensor<2x3xf32>) -> tensor<2x3x1xf32>
-// CHECK-NEXT:    %[[L2:.+]] = stablehlo.slice %arg0 [0:2, 4:9:2] : (tensor<2x9xf32>) -> tensor<2x3xf32>
-// CHECK-NEXT:    %[[R2:.+]] = stablehlo.reshape %[[L2]] : (tensor<2x3xf32>) -> tensor<2x3x1xf32>
-// CHECK-NEXT:    %[[W:.+]] = stablehlo.concatenate %[[R0]], %[[R1]], %[[R2]], dim = 2 : (tensor<2x3x1xf32>, tensor<2x3x1xf32>, tensor<2x3x1xf32>) -> tensor<2x3x3xf32>
+// CHECK-NEXT:    %[[X:.+]] = stablehlo.reshape %arg0 : (tensor<2x9xf32>) -> tensor<2x9x1xf32>
+// CHECK-NEXT:    %[[L0:.+]] = stablehlo.slice %[[X]] [0:2, 0:5:2, 0:1] : (tensor<2x9x1xf32>) -> tensor<2x3x1xf32>
+// CHECK-NEXT:    %[[L1:.+]] = stablehlo.slice %[[X]] [0:2, 2:7:2, 0:1] : (tensor<2x9x1xf32>) -> tensor<2x3x1xf32>
+// CHECK-NEXT:    %[[L2:.+]] = stablehlo.slice %[[X]] [0:2, 4:9:2, 0:1] : (tensor<2x9x1xf32>) -> tensor<2x3x1xf32>
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.concatenate %[[L0]], %[[L1]], %[[L2]], dim = 2 : (tensor<2x3x1xf32>, tensor<2x3x1xf32>, tensor<2x3x1xf32>) -> tensor<2x3x3xf32>
 // CHECK-NEXT:    return %[[W]]
 func.func @unfold(%arg0: tensor<2x9xf32>) -> tensor<2x3x3xf32> {
   %0 = "topos.unfold"(%arg0) {axis = 1 : i64, dilation = 2 : i64, node = 1 : i64, size = 3 : i64, step = 2 : i64} : (tensor<2x9xf32>) -> tensor<2x3x3xf32>
