@@ -34,7 +34,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler._mlir_libs import _mlir as _cext
 
-from topos.copies import is_splat, splat
+from topos.copies import is_splat, splat, splat_element
 from topos.element import (
     ELEMENTS,
     Selection,
@@ -296,7 +296,7 @@ def elements_attribute(array: np.ndarray) -> ir.DenseElementsAttr:
     """
     shape = list(array.shape)
     if is_splat(array):
-        array = np.array(array[(0,) * array.ndim]).reshape(1)
+        array = splat_element(array).reshape(1)
     elif not array.flags.c_contiguous:
         array = array.copy(order="C")  # not np.ascontiguousarray: it makes rank 0 into rank 1
     if array.dtype.kind in "iu":

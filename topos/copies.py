@@ -17,6 +17,11 @@ def is_splat(array) -> bool:
     return isinstance(array, np.ndarray) and array.size > 1 and not any(array.strides)
 
 
+def splat_element(array: np.ndarray) -> np.ndarray:
+    """The one stored element of a splat as a rank-0 array of its dtype (read without expanding the view)."""
+    return np.array(array[(0,) * array.ndim])
+
+
 def splat(value, shape) -> np.ndarray:
     """A read-only array of ``shape`` holding the one element of ``value``, stored once.
 

@@ -189,12 +189,13 @@ class Generator:
             raise ValueError(f"{self!r} has run out of counters; split() it or pick another seed")
         key = (self._seed & _MASK, self._seed >> 32)
         words = np.empty((blocks, 4), dtype=np.uint32)
-        for start in range(0, blocks, refmath.CHUNK):  # blocks are independent: chunks keep the bits
-            index = np.arange(start, min(start + refmath.CHUNK, blocks), dtype=np.uint64) + np.uint64(first)
+        for part in refmath.chunks(blocks):  # blocks are independent: chunks keep the bits
+            rows = range(blocks)[part]
+            index = np.arange(rows.start, rows.stop, dtype=np.uint64) + np.uint64(first)
             counters = np.zeros((index.size, 4), dtype=np.uint32)
             counters[:, 0] = index & _LOW
             counters[:, 1] = index >> _HALF
-            words[start:start + index.size] = _philox4x32_10(counters, key)
+            words[part] = _philox4x32_10(counters, key)
         self._position = 4 * (first + blocks)
         return words.reshape(-1)[:count]
 
@@ -203,13 +204,12 @@ class Generator:
         pairs = -(-count // 2)
         words = self._words(4 * pairs).reshape(pairs, 4)
         normals = np.empty((pairs, 2))
-        for start in range(0, pairs, refmath.CHUNK):  # pairs are independent: chunks keep the bits
-            uniforms = _unit(words[start:start + refmath.CHUNK]).reshape(-1, 2)
+        for part in refmath.chunks(pairs):  # pairs are independent: chunks keep the bits
+            uniforms = _unit(words[part]).reshape(-1, 2)
             radius = np.sqrt(-2.0 * refmath.log(1.0 - uniforms[:, 0]))
-            angle = _TWO_PI * uniforms[:, 1]
-            sine, cosine = refmath.sin_cos64(angle)
-            normals[start:start + refmath.CHUNK, 0] = radius * cosine
-            normals[start:start + refmath.CHUNK, 1] = radius * sine
+            sine, cosine = refmath.sin_cos64(_TWO_PI * uniforms[:, 1])
+            normals[part, 0] = radius * cosine
+            normals[part, 1] = radius * sine
         return normals.reshape(-1)[:count]
 
     def bits(self, count: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .copies import is_splat, own
+from .copies import is_splat, own, splat_element
 from .element import short_name
 from .errors import SealedError, SymbolError
 from .opcodes import Opcode, Spec
@@ -237,7 +237,7 @@ class Network:
         if digest is None:  # two threads racing here compute the same bytes
             payload = self._payloads[n]
             if is_splat(payload):  # its one element and shape (hashing the whole would read it n times)
-                one = np.array(payload[(0,) * payload.ndim])
+                one = splat_element(payload)
                 digest = hashlib.sha256(b"splat" + str(payload.shape).encode() + one.dtype.str.encode()
                                         + one.tobytes()).digest()
             else:

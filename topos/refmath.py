@@ -25,7 +25,7 @@ and bfloat16 correctly rounded on every sampled point) and caveats are in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 import ml_dtypes
@@ -990,13 +990,17 @@ and 2^16 ran 1.5-2x slower than 2^12 in fresh processes). The kernels are
 pointwise, so the chunks change no bit."""
 
 
+def chunks(size: int) -> Iterator[slice]:
+    """The slices of ``range(size)``, CHUNK elements each (the last may be shorter)."""
+    return (slice(start, start + CHUNK) for start in range(0, size, CHUNK))
+
+
 def pointwise(kernel: Callable[..., np.ndarray], dtype, *flats: np.ndarray) -> np.ndarray:
     """``kernel`` over equal-length flat arrays, CHUNK elements a call, into a new ``dtype`` array."""
     if flats[0].size <= CHUNK:
         return np.asarray(kernel(*flats), dtype=dtype)
     out = np.empty(flats[0].size, dtype=dtype)
-    for start in range(0, out.size, CHUNK):
-        part = slice(start, start + CHUNK)
+    for part in chunks(out.size):
         out[part] = kernel(*(flat[part] for flat in flats))
     return out
 
@@ -1057,8 +1061,7 @@ def sin_cos64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = np.ascontiguousarray(x).reshape(-1)
     sine, cosine = np.empty(flat.size), np.empty(flat.size)
     with np.errstate(all="ignore"):
-        for start in range(0, flat.size, CHUNK):
-            part = slice(start, start + CHUNK)
+        for part in chunks(flat.size):
             sine[part], cosine[part] = _sin_cos64(flat[part])
     return sine.reshape(x.shape), cosine.reshape(x.shape)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .copies import is_splat, splat
+from .copies import is_splat, splat, splat_element
 from .element import Selection, SelectionType, is_element, short_name
 from .errors import RecordingError, SealedError, ShapeError, SymbolError
 from .opcodes import Opcode, Refusal, Spec, by_name
@@ -416,7 +416,7 @@ def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
         raise ShapeError(f"{site}: {kind}: payload is a Value; sources take arrays or numbers")
     else:
         if is_splat(value):  # one stored element (a lifted number, np.broadcast_to): kept that way
-            array = splat(value[(0,) * value.ndim], value.shape)
+            array = splat(splat_element(value), value.shape)
         else:
             array = np.array(value)
             if array.dtype.kind in "iub" and not isinstance(value, np.ndarray):
