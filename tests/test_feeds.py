@@ -202,3 +202,10 @@ def test_indexing_a_selection_gives_a_selection_of_the_same_extent_without_a_sec
             taken.indices[...] = 0
     # np.asarray of a selection stays what it was: one object, not a sequence of selections.
     assert np.asarray(data).dtype == object and np.asarray(data).shape == ()
+
+
+def test_a_bad_key_into_a_selection_is_a_shape_error_at_the_callers_line():
+    data = topos.selection(np.arange(6) % 4, 4)
+    for key in (6, "rows", (0, 0)):
+        with pytest.raises(topos.ShapeError, match=r"test_feeds\.py:\d+ .*selection\[.*shape \[6\]"):
+            data[key]

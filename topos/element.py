@@ -567,7 +567,13 @@ class Selection:
         indices as they are, where an int64 array costs two bounds scans a
         step (about 2.5 µs each on makemore's batches, after the module ran).
         """
-        taken = np.asarray(self.indices[key])
+        try:
+            taken = np.asarray(self.indices[key])
+        except (IndexError, TypeError, ValueError) as error:  # NumPy's words, with the shape and the fix
+            raise ShapeError(
+                f"selection[{key!r}]: {error}; this selection's indices have shape {list(self.indices.shape)}: "
+                "index it as that int64 array (rows in range, integer or slice keys)"
+            ) from None
         if not taken.flags.c_contiguous:
             taken = taken.copy()
         taken.flags.writeable = False
