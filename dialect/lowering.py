@@ -234,11 +234,28 @@ def _reshape(x: ir.Value, shape: Sequence[int]) -> ir.Value:
     if source == shape:
         return x
     if math.prod(shape) == 1 and len(shape) > len(source):
-        # One element to more axes is a broadcast_in_dim: IREE 3.13 refuses some such reshapes
-        # of a one-element slice ('expected rank to be smaller or equal to the other rank').
+        # IREE 3.13 refuses a one-element slice taken to more axes, by reshape or broadcast, when
+        # the value is also returned or read twice ('expected rank to be smaller or equal to the
+        # other rank'): the slice is taken again from its operand widened by unit axes, which
+        # compiles (docs/reliability.md, iree-unit-slice-reshape).
         offset = len(shape) - len(source)
-        return _broadcast_in_dim(x, shape, list(range(offset, len(shape))))
+        sliced = _producer(x, "stablehlo.slice")
+        if sliced is None:
+            return _broadcast_in_dim(x, shape, list(range(offset, len(shape))))
+        operand = sliced.operands[0]
+        widened = _reshape(operand, _shape(operand) + (1,) * offset)
+        starts = list(ir.DenseI64ArrayAttr(sliced.attributes["start_indices"])) + [0] * offset
+        return _one("stablehlo.slice", [widened], _tensor(shape, _element(x)), start_indices=_i64s(starts),
+                    limit_indices=_i64s([i + 1 for i in starts]), strides=_i64s([1] * len(starts)))
     return _one("stablehlo.reshape", [x], _tensor(shape, _element(x)))
+
+
+def _producer(x: ir.Value, name: str) -> ir.Operation | None:
+    """The op that defines ``x`` when it is a ``name`` op (not a block argument), else None."""
+    owner = x.owner
+    if not isinstance(owner, ir.Operation):
+        owner = getattr(owner, "operation", None)
+    return owner if owner is not None and owner.name == name else None
 
 
 def _broadcast_in_dim(x: ir.Value, shape: Sequence[int], dimensions: Sequence[int]) -> ir.Value:
@@ -500,10 +517,8 @@ def _map(node: _Node) -> ir.Value:
 
 def _swapped_source(x: ir.Value, rank: int) -> ir.Value | None:
     """The input of ``x`` when ``x`` is a transpose swapping just the last two axes, else None."""
-    owner = x.owner
-    if not isinstance(owner, ir.Operation):
-        owner = getattr(owner, "operation", None)
-    if owner is None or owner.name != "stablehlo.transpose":
+    owner = _producer(x, "stablehlo.transpose")
+    if owner is None:
         return None
     order = list(ir.DenseI64ArrayAttr(owner.attributes["permutation"]))
     swap = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -779,10 +794,8 @@ def _folded(op: ir.Operation) -> ir.Value | None:
         return None
     arrays = []
     for operand in op.operands:
-        owner = operand.owner
-        if not isinstance(owner, ir.Operation):
-            owner = getattr(owner, "operation", None)
-        if owner is None or owner.name != "stablehlo.constant":
+        owner = _producer(operand, "stablehlo.constant")
+        if owner is None:
             return None
         array = elements_array(owner.attributes["value"])
         shape = tuple(ir.RankedTensorType(operand.type).shape)

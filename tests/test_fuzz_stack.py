@@ -617,6 +617,24 @@ def test_fixed_one_window_unfold_compiles(compile_cache, length):
         assert _bits(run[symbol]) == _bits(oracle[symbol])
 
 
+def test_fixed_one_window_reshaped_to_more_axes_compiles(compile_cache):
+    """The slow IREE fuzz's refusal at a reshape (2026-12-02): a one-element window taken to four
+    axes, returned and reduced, was refused as a reshape and as the broadcast_in_dim workaround."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array([[-1.75], [0.75]], np.float32))
+        window = x.unfold(0, 1, 2, 2)  # [2, 1] -> [1, 1, 1]: the first row's one element
+        wide = window.reshape((1, 1, 1, 1))
+        return window, wide, wide.logsumexp(2)
+
+    network, results = Tape.record(model)
+    compiled = network.entry(list(results)).lower().compile("llvm-cpu")
+    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
+    for symbol in results:
+        assert _bits(run[symbol]) == _bits(oracle[symbol])
+
+
 @pytest.mark.skipif(not HAS_LINKER, reason="float64 on llvm-cpu links a system shared object: no ld or cc")
 def test_fixed_f64_sin_of_a_constant_compiles(compile_cache):
     pytest.importorskip("iree.compiler")
@@ -657,6 +675,25 @@ def test_fixed_splat_reduction_sums_every_element(compile_cache):
     compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu")
     got = compiled.forward(network.parameters())[adjoints[w]]
     want = network.forward(network.parameters())[adjoints[w]]
+    assert np.array_equal(got, want), f"compiled {got}, oracle {want}"
+
+
+def test_fixed_splat_reduction_of_a_gathered_constant_sums_every_element(compile_cache):
+    # The slow fuzz's second form: the cotangent of a scatter is a gather of the seed's
+    # broadcast, picked by an input selection, so the closure is not leaves alone.
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        w = tape.parameter(np.array([0.5], np.float32))  # a one-element sum: two elements sum right
+        rows = tape.input(topos.selection([0, 3, 3], 4))
+        loss = w.broadcast_along(0, 3).scatter(rows, 4).sum()  # d loss / d w = sum_along(gather(1)) = 3
+        return w, tape.differentiate(loss, [w])
+
+    network, (w, adjoints) = Tape.record(model)
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu")
+    got = compiled.forward(network.parameters())[adjoints[w]]
+    want = network.forward(network.parameters())[adjoints[w]]
+    assert np.array_equal(want, [3.0])
     assert np.array_equal(got, want), f"compiled {got}, oracle {want}"
 
 

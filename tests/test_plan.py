@@ -375,3 +375,24 @@ def test_a_plan_refuses_a_table_of_another_network(plate):
     plan = network.entry([loss]).lower()
     with pytest.raises(SymbolError, match="another network family"):
         plan.forward(other.parameters(), {x: X0})
+
+
+def test_folded_constants_take_a_gather_of_a_uniform_table_whatever_the_selection():
+    # iree-splat-reduction (docs/reliability.md): a sum over constants is computed on the
+    # host. A gather of a table whose elements all share their bits is constant too.
+    import topos
+
+    def model(tape):
+        rows = tape.input(topos.selection([0, 2], 3))
+        uniform = tape.leaf(np.ones((3, 4), np.float32)).gather(rows).sum_along(0)
+        mixed = tape.leaf(np.array([[1.0], [2.0], [1.0]], np.float32)).gather(rows).sum()
+        signed = tape.leaf(np.array([0.0, -0.0, 0.0], np.float32)).gather(rows).sum()  # -0.0 is not 0.0
+        return rows, uniform, mixed, signed
+
+    network, (rows, uniform, mixed, signed) = Tape.record(model)
+    plan = network.entry([uniform, mixed, signed]).lower()
+    folded = plan.folded_constants()
+    assert set(folded) == {uniform.index}
+    assert np.array_equal(folded[uniform.index], np.full(4, 2.0, np.float32))
+    other_rows = network.forward(network.parameters(), {rows: topos.selection([1, 1], 3)})
+    assert np.array_equal(other_rows[uniform], folded[uniform.index])

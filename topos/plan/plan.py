@@ -257,22 +257,41 @@ class Plan:
         constants alone, such as the seed of a gradient or a lifted number,
         is computed here with the reference kernels and emitted as a leaf:
         its bits are the oracle's, and IREE 3.13 sums a splat of constants
-        wrongly (docs/reliability.md, iree-splat-reduction).
+        wrongly (docs/reliability.md, iree-splat-reduction). A gather from a
+        constant table whose elements all have the same bits is a constant
+        too, whatever the selection (the cotangent of a scatter of a summed
+        loss is one): every row it can pick is the same row.
         """
-        network = self.network
-        constant: dict[int, bool] = {}
-        for n in self.schedule:
-            opcode = network._opcodes[n]
-            constant[n] = opcode.name == "leaf" or (
-                not opcode.is_source and all(constant.get(j, False) for j in network._operands[n]))
-        folded = [n for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED]
-        if not folded:
-            return {}
-        from ..interpret import evaluate
+        from ..copies import splat, splat_element
+        from ..interpret import _evaluate_into
 
-        needed = sorted(n for n in self.schedule if constant[n] and n <= max(folded))
-        values = evaluate(network, needed, {}, {})
-        return {n: values[n] for n in folded}
+        network = self.network
+        values: dict[int, np.ndarray] = {}
+        constant: dict[int, bool] = {}
+
+        def value_of(n: int) -> np.ndarray:
+            missing, stack = set(), [n]
+            while stack:  # the constant ancestors not yet valued; a valued node stops the walk
+                j = stack.pop()
+                if j not in values and j not in missing:
+                    missing.add(j)
+                    stack.extend(network._operands[j])
+            with np.errstate(all="ignore"):
+                _evaluate_into(values, network, sorted(missing), {}, {})
+            return values[n]
+
+        for n in self.schedule:
+            opcode, operands = network._opcodes[n], network._operands[n]
+            if opcode.name == "gather" and constant.get(operands[0], False):
+                table = value_of(operands[0])
+                constant[n] = _same_bits(table)
+                if constant[n]:
+                    values[n] = splat(splat_element(table), network._specs[n].shape)
+            else:
+                constant[n] = opcode.name == "leaf" or (
+                    not opcode.is_source and all(constant.get(j, False) for j in operands))
+        folded = [n for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED]
+        return {n: value_of(n) for n in folded}
 
     def emit_stablehlo(self, debug_info: bool = False, kinds=None) -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
@@ -340,6 +359,16 @@ class Plan:
 
 # Reductions of constants are computed on the host (see Plan.folded_constants).
 _FOLDED = frozenset({"sum", "sum_along", "matmul", "scatter", "fold", "logsumexp", "log_softmax"})
+
+
+def _same_bits(array: np.ndarray) -> bool:
+    """True when every element of a non-empty array has the bits of the first (-0.0 is not 0.0)."""
+    if array.size == 0:
+        return False
+    if not any(array.strides):
+        return True
+    rows = np.ascontiguousarray(array).reshape(array.size, 1).view(np.uint8)
+    return bool((rows == rows[0]).all())
 
 
 class Kernels:
