@@ -501,10 +501,10 @@ class CompiledPlan:
         self._load()
         return CompiledRun(self, self._call(self._invoker, values))
 
-    def _call(self, invoke, values) -> _Results:
+    def _call(self, invoke, *arguments) -> _Results:
         """Invoke the module; IREE's failures become ToposErrors that say what happened."""
         try:
-            return invoke(values)
+            return invoke(*arguments)
         except Exception as error:
             raise _runtime_error(self, error) from None
 
@@ -537,10 +537,7 @@ class CompiledPlan:
             self._check_state(state)
         values = self._bind_inputs(feeds)
         sources = state._sources
-        for k, i in enumerate(self._parameters):  # the parameters are the first arguments
-            results, position = sources[i]
-            values[k] = results._list.get_as_ref(position)
-        outputs = self._call(self._invoker, values)
+        outputs = self._call(self._invoker.resumed, sources, self._parameters, values)
         sources = dict(sources)
         for parameter, position in positions:
             sources[parameter] = (outputs, position)
@@ -757,9 +754,22 @@ class _Invoker:
         self._numbers: list[tuple] = [(None, None)] * len(self._dtypes)
 
     def __call__(self, values: list) -> _Results:
-        arguments, ref = self._list(len(values)), self._ref
+        return self._invoked(self._list(len(values)), values, 0)
+
+    def resumed(self, sources: dict, parameters: tuple, values: list) -> _Results:
+        """A training step's call: each parameter's device buffer pushed from the results holding it,
+        then the inputs of ``values`` (the parameters are the first arguments, ``values`` has a slot each)."""
+        arguments = self._list(len(values))
         push = arguments.push_ref
-        for k, value in enumerate(values):
+        for i in parameters:
+            results, position = sources[i]
+            push(results._list.get_as_ref(position))
+        return self._invoked(arguments, values, len(parameters))
+
+    def _invoked(self, arguments, values: list, first: int) -> _Results:
+        push, ref = arguments.push_ref, self._ref
+        for k in range(first, len(values)):
+            value = values[k]
             kind = type(value)
             if kind is ref:
                 push(value)
@@ -897,10 +907,12 @@ def _staged_to_host(array) -> np.ndarray:
 class CompiledRun:
     """Results of one compiled call; ``run[symbol]`` is a read-only host copy of that result, the caller's own."""
 
+    __slots__ = ("_compiled", "_outputs", "_host")  # a step makes one: slots make it cheaper
+
     def __init__(self, compiled: CompiledPlan, outputs: _Results):
         self._compiled = compiled
         self._outputs = outputs
-        self._host: dict[int, np.ndarray] = {}  # host views of results, kept private
+        self._host: dict[int, np.ndarray] | None = None  # host views of results, kept private; made on first read
 
     def __repr__(self) -> str:
         return f"<CompiledRun on {self._compiled.target.name}: {len(self._outputs)} results>"
@@ -914,6 +926,8 @@ class CompiledRun:
 
     def __getitem__(self, symbol) -> np.ndarray:
         k = self._position(symbol)
+        if self._host is None:
+            self._host = {}
         if k not in self._host:
             self._host[k] = _host_view(self._outputs[k])
         # A view of the result may be a view of the next step's state: each read is a copy.
@@ -930,6 +944,8 @@ class ResidentParameters:
     It knows its network (through the table it was made from) and its
     device, so ``step`` refuses it anywhere else.
     """
+
+    __slots__ = ("_template", "_sources", "_plan", "_device", "_driver")  # a step makes one: slots make it cheaper
 
     def __init__(self, template, sources: dict, plan: CompiledPlan):
         self._template = template
