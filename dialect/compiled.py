@@ -16,6 +16,7 @@ was most of a small training step's host time (benchmarks/host_overhead.py).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -308,6 +309,33 @@ def _rebuilder(store: CompileCache, entry_key: str, plan, flags) -> Callable[[],
     return rebuild
 
 
+# One device per driver in a process, as iree.runtime.Config shares one, so that state made by
+# one plan steps in another. On the local (CPU) drivers the device's allocator is wrapped in
+# IREE's caching allocator: a freed buffer is kept for the next request of the same size instead
+# of going back to the heap. Without it every call of GPT-2 124M's forward freed and page-faulted
+# in again about 150 MiB (the data-tiled copy of the tied embedding): 465.7 ms a call against
+# 413.7 with it (docs/performance.md, "Buffers kept for reuse").
+_DEVICES: dict[str, object] = {}
+_DEVICES_LOCK = threading.Lock()
+CACHING_DRIVERS = frozenset({"local-sync", "local-task"})
+# Let go of the devices before interpreter teardown: iree.runtime is imported after this module,
+# so its extension is torn down first, and nanobind reports a device still held then as a leak.
+atexit.register(_DEVICES.clear)
+
+
+def device_for(driver: str):
+    """This process's IREE device for ``driver``, made on first use (caching allocator on local drivers)."""
+    with _DEVICES_LOCK:
+        device = _DEVICES.get(driver)
+        if device is None:
+            import iree.runtime as rt
+
+            allocators = ["caching"] if driver in CACHING_DRIVERS else []
+            device = rt.get_driver(driver).create_default_device(allocators=allocators)
+            _DEVICES[driver] = device
+        return device
+
+
 # Trial runs of modules compiled for a named CPU: (sha256 of the vmfb, driver) -> why it
 # cannot run here, or None. One trial per module per process.
 _TRIALS: dict[tuple[str, str], str | None] = {}
@@ -379,7 +407,7 @@ class CompiledPlan:
 
             check_driver(self.driver)
             try:
-                config = rt.Config(self.driver)
+                config = rt.Config(device=device_for(self.driver))
             except Exception as error:  # a driver that is listed but has no device
                 raise TargetError(
                     f"cannot create an IREE {self.driver!r} device for target {self.target.name}: {error}; "
@@ -502,7 +530,19 @@ class CompiledPlan:
         return CompiledRun(self, self._call(self._invoker, values))
 
     def _call(self, invoke, *arguments) -> _Results:
-        """Invoke the module; IREE's failures become ToposErrors that say what happened."""
+        """Invoke the module; IREE's failures become ToposErrors that say what happened.
+
+        Out of memory, the buffers the caching allocator holds for reuse are
+        handed back and the call is made once more: a run reads its
+        arguments and writes fresh results, so trying again is safe.
+        """
+        try:
+            return invoke(*arguments)
+        except Exception as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise _runtime_error(self, error) from None
+        assert self._device is not None  # a call runs on a loaded module
+        self._device.allocator.trim()
         try:
             return invoke(*arguments)
         except Exception as error:
@@ -531,13 +571,16 @@ class CompiledPlan:
         # The path every training step takes: one frame, the common case first.
         checked = self._checked_updates
         positions = checked[1] if updates is checked[0] else self._update_positions(updates)
-        if self._invoker is None:
+        invoker = self._invoker
+        if invoker is None:
             self._load()
+            invoker = self._invoker
+            assert invoker is not None  # _load made it
         if type(state) is not ResidentParameters or state._plan is not self:
             self._check_state(state)
         values = self._bind_inputs(feeds)
         sources = state._sources
-        outputs = self._call(self._invoker.resumed, sources, self._parameters, values)
+        outputs = self._call(invoker.resumed, sources, self._parameters, values)
         sources = dict(sources)
         for parameter, position in positions:
             sources[parameter] = (outputs, position)
@@ -620,10 +663,12 @@ class CompiledPlan:
         """IREE's allocator statistics for this plan's device: bytes allocated, freed and the peak.
 
         ``device_bytes_peak`` is the most device memory held at once since
-        the device was created; IREE shares one device per driver in a
+        the device was created; topos shares one device per driver in a
         process, so measure one model per process to read its own peak
-        (``benchmarks/memory.py`` does). Empty when the runtime was built
-        without statistics.
+        (``benchmarks/memory.py`` does). On the local drivers the figures
+        count the buffers the caching allocator keeps for reuse as held
+        (``device_for``). Empty when the runtime was built without
+        statistics.
         """
         self._load()
         assert self._device is not None  # _load made it

@@ -209,3 +209,16 @@ def test_a_bad_key_into_a_selection_is_a_shape_error_at_the_callers_line():
     for key in (6, "rows", (0, 0)):
         with pytest.raises(topos.ShapeError, match=r"test_feeds\.py:\d+ .*selection\[.*shape \[6\]"):
             data[key]
+
+
+def test_a_checked_selection_cannot_be_made_writeable_again():
+    """Its indices are fed without a second check: flipping the flag back would let an index
+    out of range reach IREE's gather, which clamps it silently."""
+    given = np.array([[0, 1], [2, 3]])
+    data = topos.selection(given, 4)
+    given[0, 0] = 7  # the caller's array is not the selection's
+    assert data.indices[0, 0] == 0
+    for selection in (data, data[1:], data[[1, 1]], data[:, 1], data[0]):
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            selection.indices.flags.writeable = True
+    assert np.array_equal(data.indices, [[0, 1], [2, 3]])

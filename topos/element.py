@@ -576,9 +576,8 @@ class Selection:
             ) from None
         if not taken.flags.c_contiguous:
             taken = taken.copy()
-        taken.flags.writeable = False
         picked = object.__new__(Selection)
-        object.__setattr__(picked, "indices", taken)
+        object.__setattr__(picked, "indices", _sealed(taken))
         object.__setattr__(picked, "extent", self.extent)
         return picked
 
@@ -588,9 +587,24 @@ class Selection:
             raise ShapeError(f"selection extent must be a positive integer, got {extent!r}")
         array = integer_indices(self.indices)
         check_indices(array, int(extent))
-        array.flags.writeable = False
-        object.__setattr__(self, "indices", array)
+        object.__setattr__(self, "indices", _sealed(array))
         object.__setattr__(self, "extent", int(extent))
+
+
+def _sealed(array: np.ndarray) -> np.ndarray:
+    """``array`` read-only for good: a view of a read-only base refuses ``flags.writeable = True``.
+
+    A checked selection is fed without a second bounds scan, so its indices
+    must not change after the check: an index out of range would reach
+    IREE's gather, which clamps it without a word.
+    """
+    base = array.base
+    if not (isinstance(base, np.ndarray) and not base.flags.writeable):
+        array = array.copy() if base is not None else array  # a view of memory someone may still write
+        array.flags.writeable = False
+        array = array.view()
+    array.flags.writeable = False
+    return array
 
 
 def selection(indices, extent: int) -> Selection:

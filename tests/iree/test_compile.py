@@ -16,7 +16,8 @@ import topos
 from topos import FeedError, SymbolError, Tape, ToposError
 from topos.dialect import conformance
 from topos.dialect.cache import plan_key
-from topos.dialect.compiled import CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, toolchain_version
+from topos.dialect.compiled import (CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, device_for,
+                                    toolchain_version)
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
@@ -294,6 +295,7 @@ def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
 
     network, (loss, updates) = Tape.record(record)
     compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    device_for("local-sync").allocator.trim()  # buffers an earlier test freed would serve these
     before = compiled.device_memory()
     if not before:
         pytest.skip("this IREE runtime was built without allocator statistics")
@@ -305,3 +307,53 @@ def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
     after_step = compiled.device_memory()
     assert after_step["device_bytes_allocated"] - after_upload["device_bytes_allocated"] >= 128 * 128 * 4
     assert after_step["device_bytes_peak"] >= after_step["device_bytes_allocated"] - after_step["device_bytes_freed"]
+
+
+def test_local_devices_keep_freed_buffers_for_reuse():
+    """Once a step's buffers are freed, the next steps reuse them: the device allocates nothing new.
+
+    Without the caching allocator every step allocated its results and
+    transients afresh (and on a large model page-faulted them in again).
+    """
+    def record(tape):
+        w = tape.parameter(np.ones((128, 128), np.float32))
+        x = tape.input(np.ones((16, 128), np.float32))
+        loss = (x @ w).tanh().sum()
+        return loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
+
+    network, (loss, updates) = Tape.record(record)
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    if not compiled.device_memory():
+        pytest.skip("this IREE runtime was built without allocator statistics")
+    state = compiled.resident(network.parameters())
+    allocated = []
+    for _ in range(5):
+        state, run = compiled.step(state, {}, updates)
+        float(run[loss])
+        del run  # the earlier state and run go: their buffers return to the pool
+        allocated.append(compiled.device_memory()["device_bytes_allocated"])
+    assert allocated[2:] == [allocated[2]] * 3, allocated
+    assert compiled._device is device_for("local-sync")  # one device per driver: state steps across plans
+
+
+def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypatch):
+    import types
+
+    network, _, x, loss, _, compiled = _guarded()
+    compiled._load()
+    real, device = compiled._invoker, compiled._device
+    trims, failures = [], iter([RuntimeError("RESOURCE_EXHAUSTED; out of memory")])
+
+    def flaky(values):
+        for error in failures:  # the first call fails, as an allocation would
+            raise error
+        return real(values)
+
+    monkeypatch.setattr(compiled, "_invoker", flaky)
+    monkeypatch.setattr(compiled, "_device", types.SimpleNamespace(
+        allocator=types.SimpleNamespace(trim=lambda: trims.append(1) or device.allocator.trim())))
+    feeds = {x: np.ones((1, 2), np.float32)}
+    got = compiled.forward(network.parameters(), feeds)[loss]
+    assert trims == [1]
+    monkeypatch.setattr(compiled, "_invoker", real)
+    assert got == compiled.forward(network.parameters(), feeds)[loss]
