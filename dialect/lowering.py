@@ -286,6 +286,8 @@ def _slice(x: ir.Value, axis: int, start: int, limit: int, stride: int = 1) -> i
 
 
 def _pad(x: ir.Value, axis: int, low: int, high: int, interior: int, filler: float) -> ir.Value:
+    if low == high == interior == 0:
+        return x
     shape = _shape(x)
     lows, highs, interiors = [0] * len(shape), [0] * len(shape), [0] * len(shape)
     lows[axis], highs[axis], interiors[axis] = low, high, interior
@@ -609,14 +611,16 @@ def _unfold(node: _Node) -> ir.Value:
     (x,) = node.operands
     axis, size, step, dilation = (node.integer(n) for n in ("axis", "size", "step", "dilation"))
     count = node.shape[axis]
-    # The lane axis is inserted before slicing: a one-element slice reshaped (or broadcast) to
-    # [1, 1] is what IREE 3.13 refuses when it is also returned (iree-unit-slice-reshape).
-    widened = _reshape(x, _shape(x)[: axis + 1] + (1,) + _shape(x)[axis + 1 :])
+    lane_shape = node.shape[: axis + 1] + (1,) + node.shape[axis + 2 :]
     lanes = []
     for lane in range(size):
-        # lane j of window i reads element i*step + j*dilation: a strided slice.
+        # lane j of window i reads element i*step + j*dilation: a strided slice. Sliced, then
+        # given its lane axis: IREE 3.13 cannot translate a gather of the other order's slice
+        # (reshape, then slice; docs/reliability.md, iree-gather-of-widened-slice). A one-element
+        # window is the exception, which _reshape slices again from the widened operand.
         first = lane * dilation
-        lanes.append(_slice(widened, axis, first, first + (count - 1) * step + 1, step))
+        strided = _slice(x, axis, first, first + (count - 1) * step + 1, step)
+        lanes.append(_reshape(strided, lane_shape))
     if len(lanes) == 1:
         return lanes[0]
     return _one("stablehlo.concatenate", lanes, node.type, dimension=ir.IntegerAttr.get(
@@ -629,18 +633,36 @@ def _fold(node: _Node) -> ir.Value:
         node.integer(n) for n in ("axis", "size", "step", "dilation", "extent")
     )
     work = _widened(x)
-    count = _shape(x)[axis]
-    lane_shape = _shape(x)[:axis] + (count,) + _shape(x)[axis + 2 :]
     total = _constant(0.0, node.shape, _element(work))
     for lane in range(size):
-        values = _reshape(_slice(work, axis + 1, lane, lane + 1), lane_shape)
-        first = lane * dilation
-        last = first + (count - 1) * step
-        # +0.0 fills the positions this lane does not touch. The running total
-        # starts at +0.0 and so is never -0.0, and x + 0.0 == x for every other x.
-        placed = _pad(values, axis, first, extent - last - 1, step - 1, 0.0)
-        total = _binary("stablehlo.add", total, placed)
+        # Lane j of window i lands on i*step + j*dilation. +0.0 fills the positions this lane
+        # does not touch. The running total starts at +0.0 and so is never -0.0, and
+        # x + 0.0 == x for every other x.
+        lanes = _slice(work, axis + 1, lane, lane + 1)  # [..., count, 1, ...]
+        total = _binary("stablehlo.add", total, _placed(lanes, axis, lane * dilation, extent, step))
     return _convert(total, node.element)
+
+
+def _placed(lanes: ir.Value, axis: int, first: int, extent: int, step: int) -> ir.Value:
+    """Values ``[..., count, 1, ...]`` (a unit axis after ``axis``) placed along ``axis`` at
+    first, first + step, ...: ``[..., extent, ...]``, +0.0 everywhere else.
+
+    The step - 1 zeros between values are the unit axis padded at its high
+    edge, then merged into ``axis``: edge padding only. IREE 3.13
+    miscompiles interior padding of a value that was itself padded: it
+    composes the two pads as if the inner low edge were not stretched too
+    (``pad(pad(x, low=1), interior=1)`` put x one place early;
+    docs/reliability.md, iree-pad-of-pad).
+    """
+    shape = _shape(lanes)
+    count = shape[axis]
+    if step > 1:
+        lanes = _pad(lanes, axis + 1, 0, step - 1, 0, 0.0)  # [..., count, step, ...]
+    spread = _reshape(lanes, shape[:axis] + (count * step,) + shape[axis + 2 :])
+    high = extent - first - count * step
+    if high < 0:  # the zeros after the last value run past the extent
+        spread, high = _slice(spread, axis, 0, count * step + high), 0
+    return _pad(spread, axis, first, high, 0, 0.0)
 
 
 def _gather(node: _Node) -> ir.Value:

@@ -230,6 +230,9 @@ def _max_pool_gradient(candidate, ops) -> dict[int, ir.Value]:
     gradients = [_widened(ops[g].result) for g in d["lane_gradients"]]
     work = _element(gradients[0])
     total = _constant(0.0, (*_shape(x)[:2], height, width), work)
+    # Placed by interior padding, which IREE 3.13 miscompiles only when the padded value is itself a
+    # pad (iree-pad-of-pad): these are the lane gradients' products, never pads. Spelled with edge
+    # padding alone (lowering._placed) the LeNet step measured 8% slower (docs/reliability.md).
     for i in range(sh):
         partial = _constant(0.0, (*_shape(x)[:2], oh, width), work)
         for j in range(sw):

@@ -635,6 +635,42 @@ def test_fixed_one_window_reshaped_to_more_axes_compiles(compile_cache):
         assert _bits(run[symbol]) == _bits(oracle[symbol])
 
 
+def test_fixed_gather_of_an_unfold_compiles(compile_cache):
+    """The slow IREE fuzz's LLVM translation failure (2026-12-02): rows gathered from an unfold's windows,
+    when the unfold was lowered as a slice of its operand widened by the lane axis."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array([[3.5, 1.75], [2.25, 3.5]], np.float32))
+        windows = x.unfold(1, 1, 2, 1)  # [2, 2] -> [2, 1, 1]
+        rows = windows.gather(tape.leaf(topos.selection([[0, 1, 1], [0, 1, 0], [1, 0, 0]], 2)))
+        return windows, rows
+
+    network, results = Tape.record(model)
+    compiled = network.entry(list(results)).lower().compile("llvm-cpu")
+    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
+    for symbol in results:
+        assert _bits(run[symbol]) == _bits(oracle[symbol])
+
+
+def test_fixed_fold_of_a_padded_value_places_every_window(compile_cache):
+    """iree-pad-of-pad (2026-12-02): a strided fold of a padded value put its windows one place early."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array([2.75], np.float32))
+        padded = x.pad(0, 1, 2)  # [0, 2.75]
+        return padded.reshape((2, 1)).fold(0, 1, 2, 2, 4)  # windows at 0 and 2: [0, 0, 2.75, 0]
+
+    network, folded = Tape.record(model)
+    plan = network.entry([folded]).lower()
+    assert "interior = [1]" not in plan.emit_stablehlo()  # the placement is spelled with edge padding
+    got = plan.compile("llvm-cpu").forward(network.parameters())[folded]
+    want = network.forward(network.parameters())[folded]
+    assert np.array_equal(want, [0.0, 0.0, 2.75, 0.0])
+    assert _bits(got) == _bits(want), f"compiled {got}, oracle {want}"
+
+
 @pytest.mark.skipif(not HAS_LINKER, reason="float64 on llvm-cpu links a system shared object: no ld or cc")
 def test_fixed_f64_sin_of_a_constant_compiles(compile_cache):
     pytest.importorskip("iree.compiler")
