@@ -420,7 +420,7 @@ class CompiledPlan:
                 if self._rebuild is None:
                     raise CompileError(
                         f"IREE's {self.driver} runtime cannot load the module compiled for "
-                        f"{self.target.name}: {error}"
+                        f"{self.target.name}: {error}{_load_hint(error)}"
                     ) from None
                 # A cached module this runtime will not load (another IREE build, say): rebuild it once.
                 rebuild, self._rebuild = self._rebuild, None
@@ -433,7 +433,7 @@ class CompiledPlan:
                 except Exception as again:
                     raise CompileError(
                         f"IREE's {self.driver} runtime cannot load the module it just compiled for "
-                        f"{self.target.name}: {again}"
+                        f"{self.target.name}: {again}{_load_hint(again)}"
                     ) from None
             self._context, self._device, self._function = context, config.device, function
             self._invoker = _Invoker(context.vm_context, config.device, function.vm_function, self)
@@ -889,6 +889,15 @@ def _detach(sources: dict, outputs: _Results) -> None:
     for parameter, (results, position) in sources.items():
         if results is not outputs and len(results) > 1:
             sources[parameter] = (_Results.of(results[position]), 0)
+
+
+def _load_hint(error: Exception) -> str:
+    """What to do about a module IREE compiled and its runtime will not load, where we know."""
+    if "binding count" in str(error):
+        return ("\n  a dispatch binds more buffers than the runtime's 32: IREE 3.13 fused many results "
+                "(observed rank-0 values, say) into one dispatch; declare fewer of them as results "
+                "(docs/reliability.md, iree-binding-count)")
+    return ""
 
 
 def _runtime_error(compiled: CompiledPlan, error: Exception) -> ToposError:

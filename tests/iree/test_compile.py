@@ -357,3 +357,11 @@ def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypat
     assert trims == [1]
     monkeypatch.setattr(compiled, "_invoker", real)
     assert got == compiled.forward(network.parameters(), feeds)[loss]
+
+
+def test_a_module_the_runtime_will_not_load_for_its_binding_count_says_what_to_do():
+    from topos.dialect.compiled import _load_hint
+
+    refusal = RuntimeError("Error registering modules: module.c:1106: OUT_OF_RANGE; binding count 41 > 32")
+    assert "declare fewer of them as results" in _load_hint(refusal) and "iree-binding-count" in _load_hint(refusal)
+    assert _load_hint(RuntimeError("INVALID_ARGUMENT; something else")) == ""
