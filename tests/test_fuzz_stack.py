@@ -598,6 +598,14 @@ def test_a_thousand_random_graphs_compiled_by_iree_stay_within_each_nodes_envelo
 # ---- the known divergences, reproduced (strict xfail: a fix makes these pass, and then fail) ------------
 
 
+def _compiles_to_the_oracles_bits(network, results) -> None:
+    """Every result of ``network``, compiled for llvm-cpu, has the oracle's bits."""
+    compiled = network.entry(list(results)).lower().compile("llvm-cpu")
+    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
+    for symbol in results:
+        assert _bits(run[symbol]) == _bits(oracle[symbol]), symbol
+
+
 def test_fixed_unit_slice_reshape_compiles(compile_cache):
     pytest.importorskip("iree.compiler")
 
@@ -642,11 +650,7 @@ def test_fixed_one_window_reshaped_to_more_axes_compiles(compile_cache):
         wide = window.reshape((1, 1, 1, 1))
         return window, wide, wide.logsumexp(2)
 
-    network, results = Tape.record(model)
-    compiled = network.entry(list(results)).lower().compile("llvm-cpu")
-    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
-    for symbol in results:
-        assert _bits(run[symbol]) == _bits(oracle[symbol])
+    _compiles_to_the_oracles_bits(*Tape.record(model))
 
 
 def test_fixed_gather_of_an_unfold_compiles(compile_cache):
@@ -660,11 +664,7 @@ def test_fixed_gather_of_an_unfold_compiles(compile_cache):
         rows = windows.gather(tape.leaf(topos.selection([[0, 1, 1], [0, 1, 0], [1, 0, 0]], 2)))
         return windows, rows
 
-    network, results = Tape.record(model)
-    compiled = network.entry(list(results)).lower().compile("llvm-cpu")
-    run, oracle = compiled.forward(network.parameters()), network.forward(network.parameters())
-    for symbol in results:
-        assert _bits(run[symbol]) == _bits(oracle[symbol])
+    _compiles_to_the_oracles_bits(*Tape.record(model))
 
 
 def test_fixed_fold_of_a_padded_value_places_every_window(compile_cache):

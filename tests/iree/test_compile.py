@@ -286,7 +286,8 @@ def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
     assert f"test_compile.py:{line}" in message
 
 
-def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
+def _sgd_step():
+    """One SGD step of a 128 x 128 weight, compiled: (network, loss, updates, compiled)."""
     def record(tape):
         w = tape.parameter(np.ones((128, 128), np.float32))
         x = tape.input(np.ones((16, 128), np.float32))
@@ -294,7 +295,11 @@ def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
         return loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
 
     network, (loss, updates) = Tape.record(record)
-    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    return network, loss, updates, network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+
+
+def test_device_memory_counts_what_a_resident_table_and_a_step_allocate():
+    network, loss, updates, compiled = _sgd_step()
     device_for("local-sync").allocator.trim()  # buffers an earlier test freed would serve these
     before = compiled.device_memory()
     if not before:
@@ -315,14 +320,7 @@ def test_local_devices_keep_freed_buffers_for_reuse():
     Without the caching allocator every step allocated its results and
     transients afresh (and on a large model page-faulted them in again).
     """
-    def record(tape):
-        w = tape.parameter(np.ones((128, 128), np.float32))
-        x = tape.input(np.ones((16, 128), np.float32))
-        loss = (x @ w).tanh().sum()
-        return loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
-
-    network, (loss, updates) = Tape.record(record)
-    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    network, loss, updates, compiled = _sgd_step()
     if not compiled.device_memory():
         pytest.skip("this IREE runtime was built without allocator statistics")
     state = compiled.resident(network.parameters())
