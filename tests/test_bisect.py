@@ -132,6 +132,26 @@ def test_perturbed_constant_is_blamed_on_the_node_that_reads_it():
     assert [o.opcode for o in report.first.operands] == ["input", "leaf"]
 
 
+def test_a_reduction_the_plan_folds_is_judged_on_the_oracles_operands():
+    """The slow IREE fuzz's false blame (2026-12-02): the plan computes a sum of constants on the
+    host from the oracle's values, while IREE computes its returned operand 2 ulps away; judged
+    on IREE's operand, the exact sum looked 1.38 eps off."""
+
+    def model(tape):
+        x = tape.leaf(np.array([0.7701402306556702, 0.4289471209049225, 0.8842080235481262,
+                                0.3145144581794739], np.float32))
+        window = (x * x).narrow(0, 1, 1).reshape((1, 1)).fold(0, 1, 2, 1, 2).sum_along(0)
+        sine = window.map("sin")
+        squashed = sine.map("tanh")
+        return squashed.sum(), sine, squashed
+
+    network, results = Tape.record(model)
+    entry = network.entry(list(results))
+    assert results[0].index in entry.lower().folded_constants()  # the sum is computed on the host
+    report = bisect(entry, network.parameters())
+    assert report.ok, report
+
+
 def test_first_of_two_faults_in_recording_order_is_named_and_both_are_listed():
     network, s = two_branches()
     report = bisect(network.entry([s["loss"]]), network.parameters(),

@@ -182,7 +182,10 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     A node diverges when its compiled value is outside its envelope of the
     reference kernel applied to the compiled values of its operands (local
     error), so a downstream node is never blamed for error it inherited.
-    ``rewrite`` (StableHLO text -> text) runs before IREE compiles: the way
+    A reduction of constants that the plan computes on the host
+    (``Plan.folded_constants``) is judged on the oracle's operands, the
+    ones it was computed from. ``rewrite`` (StableHLO text -> text) runs
+    before IREE compiles: the way
     to inject a fault on purpose, or to try a hand-edited lowering.
     """
     from .dialect import conformance
@@ -197,7 +200,8 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     compiled_entry = network.entry(list(entry.roots), observe=observed, numerics=Numerics.FAST)
     oracle_entry = network.entry(list(entry.roots), observe=[network.symbol(i) for i in closure],
                                  numerics=Numerics.EXACT)
-    run = _compile(compiled_entry.lower(), target, rewrite).forward(parameters, feeds)
+    plan = compiled_entry.lower()
+    run = _compile(plan, target, rewrite).forward(parameters, feeds)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the oracle's NaNs are data, not news
         oracle = oracle_entry.interpret(parameters, feeds)
@@ -209,6 +213,12 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     # operands (sources: what was fed), with its allowances (fused multiply-adds, flushed
     # subnormals); bisect adds the order, the blame and the report.
     judged = {r.index: r.deviation for r in conformance.check_values(network, values, sources, target)}
+    # A reduction of constants the plan computed on the host (Plan.folded_constants) read the
+    # oracle's operands, not IREE's: it is judged on those.
+    folded = [i for i in plan.folded_constants() if i in values]
+    at_oracle = {j: oracle[network.symbol(j)] for i in folded for j in network._operands[i]}
+    for report in conformance.check_values(network, {i: values[i] for i in folded}, at_oracle, target):
+        judged[report.index] = report.deviation
     checks: list[NodeCheck] = []
     first: Divergence | None = None
     for i in checked:
@@ -219,7 +229,8 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
             function = dict(network._attributes[i]).get("function")
             chosen = conformance.envelope(network._opcodes[i].name, function, network._specs[i].dtype,
                                           target=target)
-            inputs = [values[j] if j in values else sources[j] for j in network._operands[i]]
+            inputs = [at_oracle[j] if i in folded else values[j] if j in values else sources[j]
+                      for j in network._operands[i]]
             first = _divergence(network, i, inputs, _describe_envelope(network._opcodes[i].name, chosen),
                                 local, whole)
     roots = tuple(dict.fromkeys(s.index for s in entry.roots))
