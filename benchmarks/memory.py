@@ -2,7 +2,7 @@
 
 For each model of the zoo (``_zoo.py``: the two MLPs, the 2-block GPT,
 makemore's MLP and transformer, the MNIST LeNet, GPT-2 124M forward), in
-a fresh process of its own (IREE keeps one device per driver in a
+a fresh process of its own (topos keeps one device per driver in a
 process, and its allocator's peak counts from the device's creation):
 
 * plan           ``plan.peak()``: the most bytes of computed values the
