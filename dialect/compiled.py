@@ -324,7 +324,11 @@ atexit.register(_DEVICES.clear)
 
 
 def device_for(driver: str):
-    """This process's IREE device for ``driver``, made on first use (caching allocator on local drivers)."""
+    """This process's IREE device for ``driver``, made on first use (caching allocator on local drivers).
+
+    A driver this runtime lacks is a TargetError naming it and the drivers it has.
+    """
+    check_driver(driver)
     with _DEVICES_LOCK:
         device = _DEVICES.get(driver)
         if device is None:

@@ -232,7 +232,7 @@ def _max_pool_gradient(candidate, ops) -> dict[int, ir.Value]:
     total = _constant(0.0, (*_shape(x)[:2], height, width), work)
     # Placed by interior padding, which IREE 3.13 miscompiles only when the padded value is itself a
     # pad (iree-pad-of-pad): these are the lane gradients' products, never pads. Spelled with edge
-    # padding alone (lowering._placed) the LeNet step measured 8% slower (docs/reliability.md).
+    # padding alone (lowering._placed) the LeNet step measured 6-12% slower (docs/reliability.md).
     for i in range(sh):
         partial = _constant(0.0, (*_shape(x)[:2], oh, width), work)
         for j in range(sw):

@@ -385,12 +385,13 @@ def _refused(network, error: Exception) -> tuple[Known, list[int]] | None:
     if "write affecting operations on global resources" in text:
         nodes = [int(i) for i, name in _NODE_IN_DIAGNOSTIC.findall(text) if name == "narrow"]
         return (GLOBAL_WRITE, nodes) if nodes else None
+    every = network.nodes()
     if "expected rank to be smaller or equal to the other rank" in text:
         nodes = [int(i) for i, name in _NODE_IN_DIAGNOSTIC.findall(text)
-                 if name == "gather" and math.prod(network.nodes()[int(i)].shape) == 1]
+                 if name == "gather" and math.prod(every[int(i)].shape) == 1]
         return (ONE_ROW_GATHER, nodes) if nodes else None
     if re.search(r"binding count \d+ > 32", text):  # names no node: every rank-0 computed node is a suspect
-        nodes = [n.index for n in network.nodes() if not n.is_source and n.shape == ()]
+        nodes = [n.index for n in every if not n.is_source and n.shape == ()]
         return (BINDING_COUNT, nodes) if len(nodes) > 32 else None
     return None
 
@@ -502,10 +503,9 @@ def check_compiled(batch: list[Graph], tally: Tally) -> None:
                 raise AssertionError(f"check 3: IREE refused the batch\n{error}\n\n"
                                      + "\n\n".join(to_python(g) for g in batch)) from None
             known, triggers = refused
-            owners = {max(k for k, start in enumerate(starts) if start <= i) for i in triggers}
-            if known is BINDING_COUNT:  # the graph with the most rank-0 nodes, one at a time
-                counts = collections.Counter(max(k for k, start in enumerate(starts) if start <= i) for i in triggers)
-                owners = {counts.most_common(1)[0][0]}
+            counts = collections.Counter(max(k for k, start in enumerate(starts) if start <= i) for i in triggers)
+            # Each graph that triggers it goes; for the binding count, the one with the most rank-0 nodes.
+            owners = {counts.most_common(1)[0][0]} if known is BINDING_COUNT else set(counts)
             tally.set_aside["3 IREE local error", f"{known.name} (graphs)"] += len(owners)
             event(f"check 3: set aside, {known.name}")
             batch = [g for k, g in enumerate(batch) if k not in owners]

@@ -599,12 +599,11 @@ def _sealed(array: np.ndarray) -> np.ndarray:
     IREE's gather, which clamps it without a word.
     """
     base = array.base
-    if not (isinstance(base, np.ndarray) and not base.flags.writeable):
-        array = array.copy() if base is not None else array  # a view of memory someone may still write
-        array.flags.writeable = False
-        array = array.view()
-    array.flags.writeable = False
-    return array
+    if isinstance(base, np.ndarray) and not base.flags.writeable:
+        return array  # already a view of a read-only base, and read-only itself
+    owner = array if base is None else array.copy()  # a view of memory someone may still write
+    owner.flags.writeable = False
+    return owner.view()  # a view of a read-only array is read-only
 
 
 def selection(indices, extent: int) -> Selection:

@@ -363,3 +363,8 @@ def test_a_module_the_runtime_will_not_load_for_its_binding_count_says_what_to_d
     refusal = RuntimeError("Error registering modules: module.c:1106: OUT_OF_RANGE; binding count 41 > 32")
     assert "declare fewer of them as results" in _load_hint(refusal) and "iree-binding-count" in _load_hint(refusal)
     assert _load_hint(RuntimeError("INVALID_ARGUMENT; something else")) == ""
+
+
+def test_a_device_for_a_driver_the_runtime_lacks_is_a_target_error_naming_it():
+    with pytest.raises(TargetError, match=r"test_compile\.py:\d+ .*no 'no-such-driver' driver \(available: .*local-sync"):
+        device_for("no-such-driver")
