@@ -259,6 +259,8 @@ def _producer(x: ir.Value, name: str) -> ir.Operation | None:
 
 
 def _broadcast_in_dim(x: ir.Value, shape: Sequence[int], dimensions: Sequence[int]) -> ir.Value:
+    if math.prod(shape) == 1 and len(shape) > len(_shape(x)) and _producer(x, "stablehlo.slice") is not None:
+        return _reshape(x, shape)  # one element to more axes is a reshape, and _reshape re-slices a slice
     return _one("stablehlo.broadcast_in_dim", [x], _tensor(shape, _element(x)),
                 broadcast_dimensions=_i64s(dimensions))
 
@@ -669,6 +671,10 @@ def _gather(node: _Node) -> ir.Value:
     table, selection = node.operands
     picks = len(_shape(selection))
     rows = _shape(table)[1:]
+    recorded = _producer(selection, "stablehlo.constant")
+    if recorded is not None and math.prod(_shape(selection)) == 1:
+        index = int(ir.DenseIntElementsAttr(recorded.attributes["value"])[0])
+        return _reshape(_slice(table, 0, index, index + 1), node.shape)
     numbers = ir.Attribute.parse(
         f"#stablehlo.gather<offset_dims = {[picks + i for i in range(len(rows))]}, "
         f"collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {picks}>"

@@ -360,20 +360,13 @@ BINDING_COUNT = Known(
     "bisect compiles), fused into one dispatch that binds each result separately",
     "IREE (3.13.0) stream binding layout; iree-compile's --iree-stream-resource-alias-mutable-bindings=true "
     "loads it, a flag the in-process compiler API (Session.set_flags) does not accept")
-ONE_ROW_GATHER = Known(
-    "iree-one-row-gather",
-    "iree-compile refuses one row gathered by a recorded selection when the one-element row is "
-    "returned and summed ('expected rank to be smaller or equal to the other rank' at the gather): "
-    "IREE folds the gather into a one-element slice, iree-unit-slice-reshape's pattern",
-    "IREE (3.13.0); emitting the slice ourselves compiles this case but moved the refusal to a "
-    "broadcast_along of the row in the default fuzz, so dialect/lowering.py does not")
-KNOWN = (GATHER_FUSION, SIN_COS_LARGE_ARGUMENT, SIN_NEGATIVE_ZERO, F64_ERF_SIGN, GLOBAL_WRITE, BINDING_COUNT,
-         ONE_ROW_GATHER)
+KNOWN = (GATHER_FUSION, SIN_COS_LARGE_ARGUMENT, SIN_NEGATIVE_ZERO, F64_ERF_SIGN, GLOBAL_WRITE, BINDING_COUNT)
 # Fixed, each with its reproduction kept below as a regression test (docs/reliability.md): the
 # logsumexp rule (its weights are softmax(x)), the one-element in-place add of EXACT plans, IREE's
 # sum of a splat of constants (constant reductions are folded on the host), its refusal of a
-# one-element reshape to more axes (emitted as broadcast_in_dim) and float64 constant evaluation
-# without libm (--iree-opt-const-eval=false).
+# one-element slice taken to more axes by reshape or broadcast and of one recorded row gathered
+# (re-sliced from a widened operand; a static slice), and float64 constant evaluation without
+# libm (--iree-opt-const-eval=false).
 LARGE_ARGUMENT = 2.0**24  # below it, IREE's float32 sin and cos measured within their envelope
 
 _NODE_IN_DIAGNOSTIC = re.compile(r"\(node %(\d+) (\w+)\)")
@@ -386,10 +379,6 @@ def _refused(network, error: Exception) -> tuple[Known, list[int]] | None:
         nodes = [int(i) for i, name in _NODE_IN_DIAGNOSTIC.findall(text) if name == "narrow"]
         return (GLOBAL_WRITE, nodes) if nodes else None
     every = network.nodes()
-    if "expected rank to be smaller or equal to the other rank" in text:
-        nodes = [int(i) for i, name in _NODE_IN_DIAGNOSTIC.findall(text)
-                 if name == "gather" and math.prod(every[int(i)].shape) == 1]
-        return (ONE_ROW_GATHER, nodes) if nodes else None
     if re.search(r"binding count \d+ > 32", text):  # names no node: every rank-0 computed node is a suspect
         nodes = [n.index for n in every if not n.is_source and n.shape == ()]
         return (BINDING_COUNT, nodes) if len(nodes) > 32 else None
@@ -679,17 +668,34 @@ def test_fixed_gather_of_an_unfold_compiles(compile_cache):
     _compiles_to_the_oracles_bits(*Tape.record(model))
 
 
-@pytest.mark.xfail(strict=True, raises=topos.ToposError, reason=ONE_ROW_GATHER.what)
-def test_known_divergence_iree_compiles_one_recorded_row_gathered(compile_cache):
+@pytest.mark.parametrize("index", [0, 2])
+def test_fixed_one_recorded_row_gathered_compiles(compile_cache, index):
     """iree-unit-slice-reshape's fourth form (2026-12-02): one row of a [3, 1] table gathered by a
-    recorded selection, returned, and summed: IREE folds the gather into a slice it then refuses."""
+    recorded selection, returned, and summed: IREE folded the gather into a slice it then refused.
+    One recorded index is emitted as that static slice, which compiles."""
     pytest.importorskip("iree.compiler")
 
     def model(tape):
         table = tape.parameter(np.array([[1.5], [-0.25], [-0.125]], np.float32))
-        row = table.gather(tape.leaf(topos.selection([0], 3)))  # [1, 1]
+        row = table.gather(tape.leaf(topos.selection([index], 3)))  # [1, 1]
         bigger = row.maximum(row)
         return row, bigger, bigger.sum()
+
+    network, results = Tape.record(model)
+    assert "stablehlo.gather" not in network.entry(list(results)).lower().emit_stablehlo()
+    _compiles_to_the_oracles_bits(network, results)
+
+
+def test_fixed_one_element_slice_broadcast_to_more_axes_compiles(compile_cache):
+    """iree-unit-slice-reshape's fifth form (the slow fuzz of 2026-12-02, at a logsumexp gradient):
+    a one-element slice broadcast to a one-element value of more axes, returned and read by an
+    elementwise op, was refused at the broadcast_along."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        x = tape.parameter(np.array([0.5, -1.25], np.float32))
+        one = x.narrow(0, 0, 1).broadcast_along(0, 1).broadcast_along(2, 1)  # [1] -> [1, 1] -> [1, 1, 1]
+        return one, one.exp()
 
     _compiles_to_the_oracles_bits(*Tape.record(model))
 
