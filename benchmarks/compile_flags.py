@@ -15,6 +15,11 @@ Variants (each added to, or replacing in, topos's llvm-cpu flags):
 * ``codegen O1``      --iree-llvmcpu-mlir-opt-level=O1
 * ``generic cpu``     --iree-llvmcpu-target-cpu=generic instead of host
 * ``no source map``   --iree-vm-bytecode-module-strip-source-map=true --iree-llvmcpu-debug-symbols=false
+* ``no LLVM unroll``  --iree-llvmcpu-loop-unrolling=false (LLVM's own loop unrolling after IREE's codegen)
+* ``no LLVM SLP``     --iree-llvmcpu-slp-vectorization=false
+* ``no LLVM loop vec`` --iree-llvmcpu-loop-vectorization=false
+* ``no LLVM passes``  all three LLVM passes above off
+* ``propagate transposes`` --iree-opt-aggressively-propagate-transposes=true
 
 Run: python benchmarks/compile_flags.py [--models mlp-s,gpt] [--repeats 2]
 """
@@ -35,7 +40,6 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpt import mlp_s, small_gpt  # noqa: E402
 from _timing import median_seconds, table  # noqa: E402
@@ -48,6 +52,12 @@ VARIANTS = {
     "codegen O1": (("--iree-llvmcpu-mlir-opt-level=O1",), ()),
     "generic cpu": (("--iree-llvmcpu-target-cpu=generic",), ("--iree-llvmcpu-target-cpu=host",)),
     "no source map": (("--iree-vm-bytecode-module-strip-source-map=true", "--iree-llvmcpu-debug-symbols=false"), ()),
+    "no LLVM unroll": (("--iree-llvmcpu-loop-unrolling=false",), ()),
+    "no LLVM SLP": (("--iree-llvmcpu-slp-vectorization=false",), ()),
+    "no LLVM loop vec": (("--iree-llvmcpu-loop-vectorization=false",), ()),
+    "no LLVM passes": (("--iree-llvmcpu-loop-unrolling=false", "--iree-llvmcpu-slp-vectorization=false",
+                        "--iree-llvmcpu-loop-vectorization=false"), ()),
+    "propagate transposes": (("--iree-opt-aggressively-propagate-transposes=true",), ()),
 }
 MODELS = {"mlp-s": mlp_s, "gpt": small_gpt}
 
@@ -62,6 +72,7 @@ def main() -> None:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--models", default=",".join(MODELS))
     options.add_argument("--repeats", type=int, default=2)
+    options.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from the list above")
     args = options.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -76,7 +87,8 @@ def main() -> None:
             jax_seconds = jax_peer(workload).compile_seconds
         except ImportError:
             jax_seconds = None
-        for variant, (added, removed) in VARIANTS.items():
+        for variant in args.variants.split(","):
+            added, removed = VARIANTS[variant]
             keys = {flag.split("=")[0] for flag in added}
             flags = [f for f in base if f not in removed and f.split("=")[0] not in keys] + list(added)
             seconds, vmfb = [], b""

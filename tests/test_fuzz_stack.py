@@ -30,12 +30,17 @@ or cannot be resolved by any quotient; each is counted and printed.
 
     .venv/bin/python -m pytest -q tests/test_fuzz_stack.py -s            # default: about 2 minutes
     .venv/bin/python -m pytest -q tests/test_fuzz_stack.py -m slow -s    # 10,000 graphs
+    TOPOS_FUZZ_SEED=7 .venv/bin/python -m pytest -q tests/test_fuzz_stack.py -m slow   # other graphs
+
+Both runs draw the same graphs every time (derandomized); ``TOPOS_FUZZ_SEED``
+draws another set, the same for the same seed, to explore past them.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import re
 import shutil
 import warnings
@@ -58,7 +63,7 @@ from _fuzz_graphs import (
     record_together,
     to_python,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.control import event as _hypothesis_event
@@ -67,9 +72,21 @@ import topos
 from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape
 from topos.element import is_element
 
-SETTINGS = dict(deadline=None, database=None, derandomize=True,
+# Unset: derandomized, the same graphs every run. A number: another set of graphs, fixed by it.
+EXPLORATION_SEED = os.environ.get("TOPOS_FUZZ_SEED", "").strip() or None
+SETTINGS = dict(deadline=None, database=None, derandomize=EXPLORATION_SEED is None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
+
+
+def _drawn(run):
+    """``run`` with the exploration seed applied, when one is set."""
+    if EXPLORATION_SEED is None:
+        return run
+    try:
+        return seed(int(EXPLORATION_SEED))(run)
+    except ValueError:
+        raise pytest.UsageError(f"TOPOS_FUZZ_SEED={EXPLORATION_SEED!r} should be an integer, such as 7") from None
 HOST_GRAPHS = 400  # checks 1, 2 and 4 in the default run
 IREE_BATCHES, BATCH = 4, 8  # check 3 in the default run: 4 compiles of 8 graphs each
 SLOW_HOST_GRAPHS = 10_000
@@ -548,7 +565,7 @@ def _fuzz_host(examples: int) -> Tally:
     def run(graph):
         check_host(graph, tally)
 
-    run()
+    _drawn(run)()
     return tally
 
 
@@ -560,7 +577,7 @@ def _fuzz_iree(batches: int) -> Tally:
     def run(batch):
         check_compiled(batch, tally)
 
-    run()
+    _drawn(run)()
     return tally
 
 
