@@ -42,6 +42,7 @@ from topos.provenance import user_site
 from .cache import CompileCache, cache_for, plan_key
 from .targets import (
     DATA_TILING_THRESHOLD,
+    PROCESS_WIDE_OPTIONS,
     SAFE_CPUS,
     Target,
     TargetError,
@@ -82,7 +83,13 @@ def toolchain_version() -> str:
 
 
 def compile_stablehlo(text: str, flags) -> bytes:
-    """Compile StableHLO text in-process with IREE; raise CompileError with its diagnostics."""
+    """Compile StableHLO text with IREE, in-process; raise CompileError with its diagnostics.
+
+    Flags holding an option IREE keeps process-wide (``targets.PROCESS_WIDE_OPTIONS``),
+    which the in-process API refuses, compile with the iree-compile tool instead.
+    """
+    if any(flag.split("=", 1)[0] in PROCESS_WIDE_OPTIONS for flag in flags):
+        return _compile_with_tool(text, flags)
     from iree.compiler.api import Output, Session, Source
 
     session = Session()
@@ -100,6 +107,38 @@ def compile_stablehlo(text: str, flags) -> bytes:
     output = Output.open_membuffer()
     invocation.output_vm_bytecode(output)
     return bytes(output.map_memory())
+
+
+def _compile_with_tool(text: str, flags) -> bytes:
+    """The iree-compile tool (shipped with iree-base-compiler) as a child process, on the same flags."""
+    from iree.compiler.tools.binaries import find_tool
+
+    flags = tuple(flags)
+    try:
+        tool = find_tool("iree-compile")
+    except ValueError as error:  # a broken install: say which flag needed the tool
+        raise CompileError(f"{error}\nThe flags {sorted(PROCESS_WIDE_OPTIONS)} need the iree-compile tool; "
+                           "reinstall iree-base-compiler") from None
+    with tempfile.TemporaryDirectory(prefix="topos-compile-") as directory:
+        folder = Path(directory)
+        (folder / "module.mlir").write_text(text)
+        done = subprocess.run([tool, str(folder / "module.mlir"), *flags,
+                               "-o", str(folder / "module.vmfb")], capture_output=True, text=True, check=False)
+        if done.returncode == 0 and (folder / "module.vmfb").exists():
+            return (folder / "module.vmfb").read_bytes()
+        said = [_tool_diagnostic(line) for line in done.stderr.splitlines() if ": error: " in line]
+        if done.returncode > 0 and said:
+            raise CompileError("iree-compile failed:\n  " + "\n  ".join(said))
+        raise CompileError(_child_death("The iree-compile tool", done, "compiling with " + " ".join(flags)))
+
+
+def _tool_diagnostic(line: str) -> str:
+    """The tool's ``"file.py":20:0: error: ...`` as the in-process handler spells it, ``file.py:20: error: ...``."""
+    position, _, message = line.partition(": error: ")
+    parts = position.strip().strip('"').replace('":', ":").rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        position = f"{parts[0]}:{parts[1]}"
+    return f"{position}: error: {message}"
 
 
 def compiles_in_child(flags) -> bool:
@@ -220,13 +259,14 @@ def _unreadable(vmfb: bytes) -> str | None:
 
 
 def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
-                 text: str | None = None) -> tuple[str, ...]:
+                 text: str | None = None, driver: str | None = None) -> tuple[str, ...]:
     """The compiler flags of ``plan``'s module for ``chosen``, read off the plan before any lowering.
 
     Its element types decide float64's flags and whether the target refuses
     an element (``Target.refuses``); ``data_tiling`` None decides by the
     largest matmul; a convolution the emission raises brings IREE's img2col
-    (``text``, StableHLO a rewrite produced, is read for one instead).
+    (``text``, StableHLO a rewrite produced, is read for one instead);
+    ``driver`` (default: the target's) sizes a tiled product's workgroups.
     compile and export both build their flags here.
     """
     from .plan_passes import elected
@@ -239,7 +279,7 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     else:
         convolution = "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
-                     data_tiling=data_tiling, elements=elements, convolution=convolution)
+                     data_tiling=data_tiling, elements=elements, convolution=convolution, driver=driver)
 
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
@@ -263,7 +303,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    flags = module_flags(plan, chosen, cpu, data_tiling)
+    flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver)
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
@@ -281,7 +321,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
             raise TypeError("rewrite must return the StableHLO text as a str")
-        flags = module_flags(plan, chosen, cpu, data_tiling, text=text)
+        flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver)
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))

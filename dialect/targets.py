@@ -150,6 +150,19 @@ def target(name: str) -> Target:
 # MLP M and GPT-2 124M ran level with every choice.
 DATA_TILING_THRESHOLD = 2**25
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack")
+# On one thread (local-sync, llvm-cpu's driver) a tiled product's workgroup should
+# span many rows: IREE's default 64 KiB budget gives MLP M's [128, 784] x [784, 1024]
+# and GPT-2's LM head workgroups of 2 x 2 tiles of 16 x 16, so the weight is read
+# from memory once per 32 rows. With 1 MiB (8 x 8 and 8 x 2 tiles; 2026-12-02, the
+# Xeon, iree-benchmark-module on one core) MLP M's step took 5% less and GPT-2's
+# forward 7-9% less, the small GPT's the same; on two local-task workers MLP M's step
+# was 45% slower (too few workgroups to share), so only single-threaded drivers get it.
+SINGLE_THREAD_TILING_FLAGS = ("--iree-llvmcpu-matmul-tile-bytes=1048576",)
+SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
+# Options IREE keeps process-wide: the in-process compiler API (Session.set_flags)
+# answers 'option not found' for them, so a module whose flags hold one is compiled
+# by the iree-compile tool in a child process (dialect/compiled.py), which takes them.
+PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes"})
 
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy
@@ -237,13 +250,16 @@ def check_cpu(chosen: Target, cpu) -> None:
 
 
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
-              data_tiling: bool = False, elements: Iterable = (), convolution: bool = False) -> tuple[str, ...]:
+              data_tiling: bool = False, elements: Iterable = (), convolution: bool = False,
+              driver: str | None = None) -> tuple[str, ...]:
     """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError.
 
     ``elements``: the module's element types (dtypes or their names); one
     the target refuses (``Target.refuses``) is a TargetError naming it.
     ``convolution``: the module holds a ``stablehlo.convolution`` (llvm-cpu
-    then adds ``IMG2COL_FLAGS``).
+    then adds ``IMG2COL_FLAGS``). ``driver`` (default: the target's) is the
+    one the module will run on: a data-tiled module for a single-threaded
+    driver adds ``SINGLE_THREAD_TILING_FLAGS``.
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
@@ -252,6 +268,8 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
         flags.append(CPU_FLAG + cpu)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
+            if (driver or chosen.driver) in SINGLE_THREAD_DRIVERS:
+                flags.extend(SINGLE_THREAD_TILING_FLAGS)
         if convolution:
             flags.extend(IMG2COL_FLAGS)
     if uses_f64:

@@ -243,6 +243,45 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
 
 
+def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_the_tool():
+    """local-sync's tiled products get SINGLE_THREAD_TILING_FLAGS, an option only the iree-compile tool takes."""
+    from iree.compiler.api import Session
+
+    from topos.dialect.targets import PROCESS_WIDE_OPTIONS, SINGLE_THREAD_TILING_FLAGS
+
+    def model(tape):
+        a = tape.input(np.linspace(-1.0, 1.0, 32 * 48, dtype=np.float32).reshape(32, 48))
+        b = tape.parameter(np.linspace(0.5, -0.5, 48 * 40, dtype=np.float32).reshape(48, 40))
+        return (a @ b).tanh()
+
+    network, out = Tape.record(model)
+    plan = network.entry([out]).lower()
+    one, pool = plan.compile("llvm-cpu", data_tiling=True), plan.compile("llvm-cpu", "local-task", data_tiling=True)
+    assert set(SINGLE_THREAD_TILING_FLAGS) <= set(one.flags)
+    assert not set(SINGLE_THREAD_TILING_FLAGS) & set(pool.flags)  # two workers need more workgroups
+    assert not set(SINGLE_THREAD_TILING_FLAGS) & set(plan.compile("llvm-cpu").flags)  # untiled: nothing to size
+    want = network.forward(network.parameters())[out]
+    for compiled in (one, pool):
+        np.testing.assert_allclose(compiled.forward(network.parameters())[out], want, rtol=2e-6, atol=2e-6)
+    (option,) = {flag.split("=")[0] for flag in SINGLE_THREAD_TILING_FLAGS}
+    assert option in PROCESS_WIDE_OPTIONS
+    with pytest.raises(ValueError, match="option not found"):  # why the tool: the in-process API refuses it
+        Session().set_flags(*SINGLE_THREAD_TILING_FLAGS)
+
+
+def test_the_tool_path_names_the_users_line_when_iree_refuses():
+    from topos.dialect.compiled import CompileError, compile_stablehlo
+    from topos.dialect.targets import SINGLE_THREAD_TILING_FLAGS, flags_for, target
+
+    text = ('func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n'
+            '  %0 = "stablehlo.add"(%a, %a) : (tensor<2xf32>, tensor<2xf32>) -> tensor<3xf32> loc("model.py":7:0)\n'
+            '  return %a : tensor<2xf32>\n}\n')
+    flags = flags_for(target("llvm-cpu"), False) + SINGLE_THREAD_TILING_FLAGS
+    with pytest.raises(CompileError, match=r"model\.py:7: error: .*") as raised:
+        compile_stablehlo(text, flags)
+    assert "Traceback" not in str(raised.value)
+
+
 def test_img2col_follows_the_convolutions_the_emission_raises():
     """A forward plan raises its convolution and gets IREE's img2col; a training step keeps the composition."""
     from topos.dialect.compiled import module_flags
