@@ -495,11 +495,13 @@ def branches(network, values) -> dict[int, np.ndarray]:
     return taken
 
 
-def float64_gradients(network, values, target: int, sources, terms: dict | None = None) -> dict[int, np.ndarray]:
+def float64_gradients(network, values, target: int, sources, terms: dict | None = None,
+                      every: dict | None = None) -> dict[int, np.ndarray]:
     """d target / d each source by the derivative rules over the float64 replay (``Opcode.vjp``).
 
     With ``terms`` (a dict), it also receives, per source, the largest magnitude of any term added
-    into that source's cotangent, elementwise: the scale of the accumulation's own roundoff.
+    into that source's cotangent, elementwise: the scale of the accumulation's own roundoff. With
+    ``every`` (a dict), it receives the cotangent of every node that has one.
     """
     nodes = network.nodes()
     cotangents: dict[int, np.ndarray] = {target: np.ones(())}
@@ -519,6 +521,8 @@ def float64_gradients(network, values, target: int, sources, terms: dict | None 
                     largest[j] = np.abs(c) if j not in largest else np.maximum(largest[j], np.abs(c))
     if terms is not None:
         terms.update({i: largest.get(i, np.zeros(nodes[i].shape)) for i in sources})
+    if every is not None:
+        every.update(cotangents)
     return {i: cotangents.get(i, np.zeros(nodes[i].shape)) for i in sources}
 
 

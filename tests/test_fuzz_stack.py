@@ -239,6 +239,28 @@ def _quotient(network, oracle, target: int, i: int, base, element: tuple, h: flo
 STEPS = (2.0**-6, 2.0**-10, 2.0**-14, 2.0**-18, 2.0**-22, 2.0**-26)
 
 
+def _rounding_reach(network, values, cotangents: dict, between: list[int]) -> float:
+    """How far rounding can move the loss: each node's rounding, about eps times the largest
+    magnitude it computes from (its value or an operand), times the loss's sensitivity to it.
+
+    A value that cancels (log_softmax's largest element of a nearly one-hot row, -7e-16 computed
+    as -6.7e-16 from operands near 17) is off by most of itself, and a loss that divides by it
+    turns that into a quotient no step resolves: the cotangent carries the amplification.
+    """
+    reach = 0.0
+    with np.errstate(all="ignore"):
+        for j in between:
+            g = cotangents.get(j)
+            if g is None:
+                continue
+            node = network.nodes()[j]
+            operands = [float(np.max(np.abs(values[s.index]), initial=0.0)) for s in node.operands
+                        if np.asarray(values[s.index]).dtype.kind == "f"]
+            scale = np.maximum(np.abs(values[j]), max(operands, default=0.0))
+            reach += float(np.sum(np.abs(g) * scale))
+    return reach
+
+
 def _judged_by_element(network, oracle, built, entry, tolerance: float) -> str | None:
     """Grade a failing entry element by element where finite differences can: why it is set aside, or None.
 
@@ -247,7 +269,8 @@ def _judged_by_element(network, oracle, built, entry, tolerance: float) -> str |
     to ``sqrt(tolerance)``: there the quotient has converged. The judged value must match the
     derivative rules within ``tolerance`` norm-wise (as check_gradients measures), with roundoff as
     slack: the quotient's, about ``16 eps M / h`` (``M`` the largest magnitude among the nodes
-    between the parameter and the loss: they round what the step changes), and the rule's own,
+    between the parameter and the loss, which round what the step changes, or, when larger, their
+    rounding weighted by the loss's sensitivity to each, ``_rounding_reach``), and the rule's own,
     ``8 eps`` times the largest term summed into the cotangent (x / x at x = 1e-40 adds -1e40 and
     1e40 to a gradient of 1, and the 1 is lost: no rule is wrong, the sum cancels). Elements with
     no converged pair cannot be judged by a float64 quotient at all (the function turns faster
@@ -255,10 +278,12 @@ def _judged_by_element(network, oracle, built, entry, tolerance: float) -> str |
     """
     values = float64_values(network, oracle)
     target, i = built.loss.index, entry.symbol.index
-    magnitude = max((float(np.max(np.abs(values[j]), initial=0.0)) for j in _between(network, i, target)),
-                    default=0.0)
+    between = _between(network, i, target)
+    magnitude = max((float(np.max(np.abs(values[j]), initial=0.0)) for j in between), default=0.0)
     terms: dict = {}
-    rule = float64_gradients(network, values, target, [i], terms)[i]
+    cotangents: dict = {}
+    rule = float64_gradients(network, values, target, [i], terms, cotangents)[i]
+    magnitude = max(magnitude, _rounding_reach(network, values, cotangents, between))
     base = values[i]
     judged: list[tuple[float, float, float]] = []  # (rule, converged quotient, roundoff of both)
     unjudged = 0
@@ -906,6 +931,26 @@ def test_check_4_catches_a_wrong_derivative_rule(monkeypatch):
                                   Op("sum", (Ref(1),))), loss=2, wrt=(0,))
     with pytest.raises(AssertionError, match="check 4"):
         check_host(graph, Tally())
+
+
+def test_fixed_judgement_sets_aside_a_loss_that_divides_by_a_cancelled_value():
+    """fuzz-cancellation-resolution (TOPOS_FUZZ_SEED=1, 2026-12-02): log_softmax's largest element of
+    a nearly one-hot row is -7.2e-16, computed as -6.7e-16 (log of 1 + 3 ulps), flat across every
+    step; a loss dividing by it has quotients that settle at a value the rules (right for the smooth
+    function) do not give. No rule is wrong: check 4 must set it aside as beyond resolution."""
+    graph = Graph(dtype="f64", mode="wild", ops=(
+        Op("parameter", (np.array([[[0.1257302210933933], [-0.1321048632913019]]]),)),
+        Op("add", (Ref(0), Ref(0))),
+        Op("neg", (Ref(0),)),
+        Op("input", (np.array([[[135.24292899229388]]]),)),
+        Op("matmul", (Ref(2), Ref(3))),
+        Op("log_softmax", (Ref(4), 1)),
+        Op("div", (Ref(0), Ref(5))),
+        Op("sum", (Ref(6),))), loss=7, wrt=(0,))
+    tally = Tally()
+    check_host(graph, tally)  # raised AssertionError ('finite differences disagree') before the fix
+    reason = "gradient below the resolution of the quotient or of the rule's own sum (parameters)"
+    assert tally.set_aside["4 finite differences", reason] == 1, tally.set_aside
 
 
 def test_fixed_logsumexp_rule_weights_sum_to_one_at_large_magnitude():
