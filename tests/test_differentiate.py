@@ -382,6 +382,26 @@ def test_disconnected_zero_over_zero_injects_no_nan():
     assert_bitwise(run[adjoints[x]], np.full(3, 3.0), "recorded, beside a NaN")
 
 
+def test_pow_exponent_gradient_at_a_zero_base_is_zero_not_nan():
+    """d/db a**b = a**b log a is 0 * -inf at a = 0; its limit (and PyTorch's and JAX's answer) is 0.
+    The fuzz's first seeded host run drew it (docs/reliability.md, pow-exponent-at-zero-base)."""
+    from topos.forward_mode import jvp
+
+    def model(tape):
+        a = tape.parameter(np.array([0.0, -0.0, 2.0, 0.5]), name="a")
+        b = tape.parameter(np.array([1.5, 2.0, 0.5, 3.0]), name="b")
+        loss = (a**b).sum()
+        return a, b, loss, tape.differentiate(loss, [a, b])
+
+    network, (a, b, loss, adjoints) = Tape.record(model)
+    run = network.forward(network.parameters())
+    want = np.array([0.0, 0.0, 2.0**0.5 * np.log(2.0), 0.125 * np.log(0.5)])  # torch.autograd agrees
+    np.testing.assert_allclose(run[adjoints[b]], want, rtol=1e-15)
+    assert_bitwise(run.backward(loss)[b], run[adjoints[b]], "scan and recorded")
+    _, tangents = jvp(network, network.parameters(), None, {"b": np.ones(4)})
+    np.testing.assert_allclose(tangents[loss], want.sum(), rtol=1e-15)  # forward mode shares the rule
+
+
 def test_describe_shows_the_appended_gradient_nodes():
     def model(tape):
         x = tape.parameter(np.ones(2, np.float32))

@@ -30,6 +30,7 @@ from .element import convert, is_element, short_name
 from .errors import DifferentiationError, SymbolError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .opcodes import by_name
+from .opcodes.elementwise import log_of_base
 from .recordable import Eager, Recordable
 from .run import Run
 
@@ -139,7 +140,7 @@ def _div(p, t, out):
 
 def _pow(p, t, out):
     moving_base = _times(t[0], p[1] * p[0] ** (p[1] - 1))
-    moving_exponent = None if t[1] is None else t[1] * out * p[0].log()  # no log(a) unless b moves
+    moving_exponent = None if t[1] is None else t[1] * out * log_of_base(p[0])  # no log(a) unless b moves
     return _plus(moving_base, moving_exponent)
 
 

@@ -99,7 +99,18 @@ class Pow(_Binary):
         return refmath.pow(a, b)
 
     def rule(self, a, b, out, g):
-        return g * b * a ** (b - 1), g * out * a.log()
+        return g * b * a ** (b - 1), g * out * log_of_base(a)
+
+
+def log_of_base(a):
+    """log(a) for pow's exponent derivative a**b * log(a), with 0 where a is zero (of either sign).
+
+    There a**b * log(a) is 0 * -inf = NaN, while the derivative's limit is 0 for b > 0 (0**b is 0
+    for every positive b); PyTorch and JAX give 0 there too. log(a + [a == 0]) is log(a) elsewhere,
+    bit for bit (a + 0 == a).
+    """
+    zero = a.step(0.0) * (-a).step(0.0)  # 1 exactly where a == 0, else 0
+    return (a + zero).log()
 
 
 @register
