@@ -247,13 +247,13 @@ def _rounding_reach(network, values, cotangents: dict, between: list[int]) -> fl
     as -6.7e-16 from operands near 17) is off by most of itself, and a loss that divides by it
     turns that into a quotient no step resolves: the cotangent carries the amplification.
     """
-    reach = 0.0
+    reach, nodes = 0.0, network.nodes()
     with np.errstate(all="ignore"):
         for j in between:
             g = cotangents.get(j)
             if g is None:
                 continue
-            node = network.nodes()[j]
+            node = nodes[j]
             operands = [float(np.max(np.abs(values[s.index]), initial=0.0)) for s in node.operands
                         if np.asarray(values[s.index]).dtype.kind == "f"]
             scale = np.maximum(np.abs(values[j]), max(operands, default=0.0))
@@ -265,7 +265,7 @@ STEADY = 0.1  # how far the rules' derivative may move across a step, relative t
 
 
 def _rule_steady(network, oracle, target: int, i: int, base, element: tuple, h: float, at: float,
-                 tolerance: float, scale: float) -> bool:
+                 scale: float) -> bool:
     """Whether the rules' derivative holds nearly still over the points a quotient at ``h`` reads.
 
     Quotients that agree can still be blind: cos(x) + 2x at x = -1e30 in float64 has quotients
@@ -323,8 +323,7 @@ def _judged_by_element(network, oracle, built, entry, tolerance: float) -> str |
             fine = _quotient(network, oracle, target, i, base, element, h / 2)
             value, noise = (4.0 * fine - coarse) / 3.0, 16 * 2.0**-52 * magnitude / h
             if previous is not None and abs(previous - value) <= math.sqrt(tolerance) * max(abs(previous), abs(value)) \
-                    and _rule_steady(network, oracle, target, i, base, element, h, float(rule[element]), tolerance,
-                                     largest):
+                    and _rule_steady(network, oracle, target, i, base, element, h, float(rule[element]), largest):
                 # the rule's own roundoff: its cotangent is a sum of terms as large as terms[i]
                 judged.append((float(rule[element]), value, noise + 8 * 2.0**-52 * float(terms[i][element])))
                 break
