@@ -669,12 +669,14 @@ def _placed(lanes: ir.Value, axis: int, first: int, extent: int, step: int) -> i
 
 def _gather(node: _Node) -> ir.Value:
     table, selection = node.operands
-    picks = len(_shape(selection))
-    rows = _shape(table)[1:]
     recorded = _producer(selection, "stablehlo.constant")
     if recorded is not None and math.prod(_shape(selection)) == 1:
+        # IREE folds a gather of one recorded index into a one-element slice it then refuses
+        # (docs/reliability.md, iree-one-row-gather); the slice spelled here compiles.
         index = int(ir.DenseIntElementsAttr(recorded.attributes["value"])[0])
         return _reshape(_slice(table, 0, index, index + 1), node.shape)
+    picks = len(_shape(selection))
+    rows = _shape(table)[1:]
     numbers = ir.Attribute.parse(
         f"#stablehlo.gather<offset_dims = {[picks + i for i in range(len(rows))]}, "
         f"collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {picks}>"

@@ -87,6 +87,8 @@ def _drawn(run):
         return seed(int(EXPLORATION_SEED))(run)
     except ValueError:
         raise pytest.UsageError(f"TOPOS_FUZZ_SEED={EXPLORATION_SEED!r} should be an integer, such as 7") from None
+
+
 HOST_GRAPHS = 400  # checks 1, 2 and 4 in the default run
 IREE_BATCHES, BATCH = 4, 8  # check 3 in the default run: 4 compiles of 8 graphs each
 SLOW_HOST_GRAPHS = 10_000
