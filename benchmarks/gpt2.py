@@ -12,15 +12,21 @@ Face ``model.safetensors`` instead). The same weights feed every column:
 * topos IREE, arguments the same module through ``compiled.forward(table,
                         feeds)``: the 124M weights passed as arguments on
                         every call
+* topos IREE, frozen    ``compile("llvm-cpu", frozen=weights)``: the weights
+                        are module globals IREE loads by name (and packs for
+                        its matmul microkernels once, at load); each call
+                        ``compiled.forward(feeds=...)``
 * jax.jit               a JAX twin of the same mathematics (written below),
                         the weights on the device, ``jax.jit``
+* jax.jit, frozen       the same twin jitted over the tokens alone, the
+                        weights closed over (constants of the computation)
 * PyTorch eager         a PyTorch twin (written below), ``torch.no_grad``
 
 Decoding: tokens per second of one decode step after another with the KV
 cache, from empty caches of ``--length`` positions. topos runs the
 example's decode entry (``sampling.Decoder``: the caches are fed inputs
 and returned results, copied between host and device every step, the
-weights resident); JAX updates its caches with ``dynamic_update_slice``
+weights frozen into the module); JAX updates its caches with ``dynamic_update_slice``
 under ``jax.jit`` (caches donated, on the device); PyTorch writes its
 caches in place and attends over the positions so far (the usual eager
 cache, less arithmetic than the fixed-length masked cache the other two
@@ -166,9 +172,16 @@ def main() -> None:
                for name in generation.cache_names()}
     _, decode_first = timed(lambda: decoder.decode(tokens[:, 0], 0, caches0))  # compiles the decode entry
     decode_plan = decoder.compiled[1]
-    _, decode_hit = timed(lambda: network.entry(generation.decode_roots()).lower().compile("llvm-cpu"))
+    _, decode_hit = timed(lambda: network.entry(generation.decode_roots()).lower().compile("llvm-cpu",
+                                                                                           frozen=weights))
     compile_rows.append(["topos decode entry", f"{decode_first:.1f}",
                          f"{decode_plan.timings.get('iree-compile', 0):.1f}", f"{decode_hit:.1f}"])
+    frozen, frozen_first = timed(lambda: network.entry([generation.prefill_logits]).lower().compile(
+        "llvm-cpu", frozen=weights))
+    _, frozen_hit = timed(lambda: network.entry([generation.prefill_logits]).lower().compile(
+        "llvm-cpu", frozen=weights))
+    compile_rows.append(["topos forward entry, frozen", f"{frozen_first:.1f}",
+                         f"{frozen.timings.get('iree-compile', 0):.1f}", f"{frozen_hit:.1f}"])
     resident = forward.resident(weights)
     logits = generation.prefill_logits
 
@@ -177,6 +190,9 @@ def main() -> None:
 
     def topos_arguments():
         return forward.forward(weights, {generation.tokens: tokens})[logits]
+
+    def topos_frozen():
+        return frozen.forward(feeds={generation.tokens: tokens})[logits]
 
     jax_forward, jax_decode, params = jax_twin(config, named, length)
     import jax
@@ -188,10 +204,16 @@ def main() -> None:
     (_, jax_decode_seconds) = timed(lambda: jax_decode.lower(params, tokens[:, :1], np.int32(0), empty).compile())
     compile_rows.append(["jax.jit forward", f"{jax_forward_seconds:.1f}", "—", "—"])
     compile_rows.append(["jax.jit decode", f"{jax_decode_seconds:.1f}", "—", "—"])
+    jax_frozen = jax.jit(lambda t: jax_forward(params, t))  # the weights become constants of the computation
+    (_, jax_frozen_seconds) = timed(lambda: jax_frozen.lower(tokens).compile())
+    compile_rows.append(["jax.jit forward, frozen", f"{jax_frozen_seconds:.1f}", "—", "—"])
     torch_forward, torch_decode = torch_twin(config, named)
 
     def jax_logits():
         return np.asarray(jax_forward(params, tokens))
+
+    def jax_frozen_logits():
+        return np.asarray(jax_frozen(tokens))
 
     def torch_logits():
         return torch_forward(tokens)
@@ -199,9 +221,12 @@ def main() -> None:
     reference = torch_logits()
     agreement = {"topos IREE, resident": _relative(topos_resident(), reference),
                  "topos IREE, arguments": _relative(topos_arguments(), reference),
-                 "jax.jit": _relative(jax_logits(), reference)}
+                 "topos IREE, frozen": _relative(topos_frozen(), reference),
+                 "jax.jit": _relative(jax_logits(), reference),
+                 "jax.jit, frozen": _relative(jax_frozen_logits(), reference)}
     columns = {"topos IREE, resident": topos_resident, "topos IREE, arguments": topos_arguments,
-               "jax.jit": jax_logits, "PyTorch eager": torch_logits}
+               "topos IREE, frozen": topos_frozen, "jax.jit": jax_logits, "jax.jit, frozen": jax_frozen_logits,
+               "PyTorch eager": torch_logits}
     forward_times = interleaved(columns, args.rounds)
 
     # Decoding: args.decode steps from empty caches, token by token (teacher-forced: the speed of the step).

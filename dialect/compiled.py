@@ -40,10 +40,12 @@ from topos.interpret import bind_feeds, bind_parameters, source_value
 from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
+from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
 from .targets import (
     DATA_TILING_THRESHOLD,
     PROCESS_WIDE_OPTIONS,
     SAFE_CPUS,
+    TILED_MIN_ROWS,
     Target,
     TargetError,
     check_cpu,
@@ -204,12 +206,17 @@ def _child_death(who: str, done: subprocess.CompletedProcess, doing: str) -> str
             f"It said: {said}")
 
 
-def largest_matmul(plan) -> int:
-    """Multiply-adds of the plan's largest matmul (batch x m x k x n), 0 if it has none."""
+def largest_matmul(plan, narrowest: int = 1) -> int:
+    """Multiply-adds of the plan's largest matmul (batch x m x k x n), 0 if it has none.
+
+    ``narrowest``: count only products whose m and n both reach it.
+    """
     network, largest = plan.network, 0
     for n in plan.schedule:
         if network._opcodes[n].name == "matmul":
             a, b = (network._specs[j].shape for j in network._operands[n])
+            if min(a[-2], b[-1]) < narrowest:
+                continue
             size = 1
             for extent in a[:-2]:
                 size *= extent
@@ -259,12 +266,13 @@ def _unreadable(vmfb: bytes) -> str | None:
 
 
 def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
-                 text: str | None = None, driver: str | None = None) -> tuple[str, ...]:
+                 text: str | None = None, driver: str | None = None, frozen: bool = False) -> tuple[str, ...]:
     """The compiler flags of ``plan``'s module for ``chosen``, read off the plan before any lowering.
 
     Its element types decide float64's flags and whether the target refuses
     an element (``Target.refuses``); ``data_tiling`` None decides by the
-    largest matmul; a convolution the emission raises brings IREE's img2col
+    largest matmul (of ``TILED_MIN_ROWS`` rows or more, unless the module is
+    ``frozen``: its weights are packed once, at load); a convolution the emission raises brings IREE's img2col
     (``text``, StableHLO a rewrite produced, is read for one instead);
     ``driver`` (default: the target's) sizes a tiled product's workgroups.
     compile and export both build their flags here.
@@ -272,7 +280,7 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     from .plan_passes import elected
 
     if data_tiling is None:
-        data_tiling = largest_matmul(plan) >= DATA_TILING_THRESHOLD
+        data_tiling = largest_matmul(plan, 1 if frozen else TILED_MIN_ROWS) >= DATA_TILING_THRESHOLD
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     if text is None:
         convolution = any(c.kind.startswith("convolution") for c in elected(plan))
@@ -284,44 +292,51 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
-                 data_tiling: bool | None = None, rewrite=None) -> CompiledPlan:
+                 data_tiling: bool | None = None, rewrite=None, frozen=None) -> CompiledPlan:
     """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
 
     ``cpu`` (llvm-cpu): "host" (this machine, the default), "generic", or
     a name LLVM accepts for this architecture; any other is a TargetError.
     A named CPU compiles in a child process. ``data_tiling`` (llvm-cpu):
-    None decides by size — on when the largest matmul reaches
+    None decides by size — on when the largest matmul of
+    ``targets.TILED_MIN_ROWS`` rows or more (any, when frozen) reaches
     ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
     ``cache``: True (the default directory), False, a directory, or a CompileCache.
     ``rewrite`` (str -> str) edits the StableHLO text before IREE sees it:
     the seam ``topos.bisect`` uses to inject a fault on purpose.
+    ``frozen`` (a Parameters table): every parameter the entry reads
+    becomes a module global holding that (immutable) table's value
+    (``topos.dialect.freeze``); ``forward(feeds=...)`` then takes the
+    inputs alone, and IREE packs data-tiled weights once, at load, not per call.
     """
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
+    frozen_values = None if frozen is None else frozen_values_of(plan, frozen)  # a wrong table fails before IREE
     store = cache_for(cache)
     if store is not None:
         store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver)
+    flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver, frozen=frozen is not None)
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
-        entry_key = plan_key(plan, chosen.name, flags, toolchain_version())
+        entry_key = plan_key(plan, chosen.name, flags, toolchain_version(), frozen=frozen is not None)
         vmfb = _cached_module(store, entry_key)
     if vmfb is not None and store is not None and entry_key is not None:
         timings["cache-hit"] = time.perf_counter() - started
         timings["total"] = timings["cache-hit"]
-        compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True)
+        compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True,
+                                frozen=frozen_values)
         compiled.cache_key = entry_key
-        compiled._rebuild = _rebuilder(store, entry_key, plan, flags)
+        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, frozen_values is not None)
         return compiled
-    text, located, stage_times = plan._stablehlo_with_timings()
+    text, located, stage_times = lowered(plan, frozen_values is not None)
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
             raise TypeError("rewrite must return the StableHLO text as a str")
-        flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver)
+        flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver, frozen=frozen is not None)
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
@@ -331,17 +346,48 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         store.store(entry_key, vmfb)
     timings["iree-compile"] = time.perf_counter() - began
     timings["total"] = time.perf_counter() - started
-    compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, False)
+    compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, text, vmfb, timings, False,
+                            frozen=frozen_values)
     compiled.cache_key = entry_key
     return compiled
 
 
-def _rebuilder(store: CompileCache, entry_key: str, plan, flags) -> Callable[[], bytes]:
+def entry_parameters(plan) -> tuple[int, ...]:
+    """The parameters ``plan``'s entry reads, in node order: the module's first arguments, or its globals."""
+    network = plan.network
+    return tuple(i for i in sorted(plan.entry.closure()) if network._opcodes[i].name == "parameter")
+
+
+def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
+    """Each parameter the entry reads -> its value in ``parameters`` (checked as forward checks them).
+
+    The table's own arrays, not copies: a Parameters table is immutable and
+    hands out only copies of them (``topos.copies.own``), so nothing can
+    change what the module reads while it is loaded. GPT-2 124M's 500 MB of
+    weights are not held twice.
+    """
+    wanted = entry_parameters(plan)
+    bound = bind_parameters(plan.network, parameters, frozenset(wanted))
+    return {i: np.ascontiguousarray(bound[i]) for i in wanted}
+
+
+def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
+    """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals."""
+    text, located, times = plan._stablehlo_with_timings()
+    if frozen:
+        began = time.perf_counter()
+        network = plan.network
+        text, located = freeze_parameters(located, [key_of(network, i) for i in entry_parameters(plan)])
+        times["freeze"] = time.perf_counter() - began
+    return text, located, times
+
+
+def _rebuilder(store: CompileCache, entry_key: str, plan, flags, frozen: bool) -> Callable[[], bytes]:
     """For a cache hit the device refuses: evict the entry, lower and compile afresh, store the new module."""
 
     def rebuild() -> bytes:
         store.evict(entry_key)
-        _, located, _ = plan._stablehlo_with_timings()
+        _, located, _ = lowered(plan, frozen)
         fresh = _compile(located, flags)
         store.store(entry_key, fresh)
         return fresh
@@ -396,9 +442,15 @@ import iree.runtime as rt
 folder, driver = Path(sys.argv[1]), sys.argv[2]
 config = rt.Config(driver)
 context = rt.SystemContext(config=config)
+arguments = json.loads((folder / "arguments.json").read_text())
+frozen = json.loads((folder / "frozen.json").read_text())
+if frozen:  # a frozen module's globals: zeros of each one's size, served as its parameters would be
+    index = rt.ParameterIndex()
+    for key, size in frozen:
+        index.add_splat(key, np.zeros(1, np.uint8), size)
+    context.add_vm_module(rt.create_io_parameters_module(context.instance, index.create_provider(scope=sys.argv[3])))
 module = rt.VmModule.copy_buffer(context.instance, (folder / "module.vmfb").read_bytes())
 context.add_vm_module(module)
-arguments = json.loads((folder / "arguments.json").read_text())
 context.modules[module.name]["main"](*[np.zeros(shape, np.dtype(dtype)) for shape, dtype in arguments])
 """
 
@@ -407,7 +459,7 @@ class CompiledPlan:
     """A plan compiled by IREE: ``forward`` runs it; ``step`` runs a training step on device state."""
 
     def __init__(self, plan, chosen: Target, driver: str, flags, stablehlo: str | None, vmfb: bytes,
-                 timings: Mapping[str, float], cache_hit: bool):
+                 timings: Mapping[str, float], cache_hit: bool, frozen: Mapping[int, np.ndarray] | None = None):
         self.plan = plan
         self.target = chosen
         self.driver = driver
@@ -419,7 +471,9 @@ class CompiledPlan:
         self.cache_key: str | None = None
         network = plan.network
         closure = sorted(plan.entry.closure())
-        self.arguments = tuple(i for i in closure if network._opcodes[i].name == "parameter") + tuple(
+        # A frozen module's parameters are its globals, served by key from these arrays (frozen_values_of).
+        self.frozen: Mapping[int, np.ndarray] | None = frozen
+        self.arguments = (() if frozen is not None else entry_parameters(plan)) + tuple(
             i for i in closure if network._opcodes[i].name == "input"
         )
         self.results = tuple(plan.entry._readable)
@@ -438,7 +492,7 @@ class CompiledPlan:
     def stablehlo(self) -> str:
         """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it)."""
         if self._stablehlo is None:
-            self._stablehlo = self.plan.emit_stablehlo()
+            self._stablehlo = lowered(self.plan, True)[0] if self.frozen is not None else self.plan.emit_stablehlo()
         return self._stablehlo
 
     def _load(self):
@@ -487,9 +541,22 @@ class CompiledPlan:
         import iree.runtime as rt
 
         context = rt.SystemContext(config=config)
+        if self.frozen is not None:  # the globals' values: IREE reads them as the module loads
+            context.add_vm_module(rt.create_io_parameters_module(context.instance, self._provider()))
         module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
         context.add_vm_module(module)
         return context, context.modules[module.name]["main"]
+
+    def _provider(self):
+        """IREE's parameter provider serving each frozen parameter's copy under its key (scope ``freeze.SCOPE``)."""
+        import iree.runtime as rt
+
+        assert self.frozen is not None  # only a frozen module has one
+        network = self.plan.network
+        index = rt.ParameterIndex()
+        for i, array in self.frozen.items():
+            index.add_buffer(key_of(network, i), as_bytes(array))
+        return index.create_provider(scope=SCOPE)
 
     def _try_in_child(self) -> None:
         """For a module built for a named CPU: one trial call in a child, so SIGILL kills only the child."""
@@ -513,8 +580,11 @@ class CompiledPlan:
             folder = Path(directory)
             (folder / "module.vmfb").write_bytes(self.vmfb)
             (folder / "arguments.json").write_text(json.dumps(arguments))
+            (folder / "frozen.json").write_text(json.dumps(
+                [(key_of(network, i), a.nbytes) for i, a in (self.frozen or {}).items()]))
             try:
-                done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver], capture_output=True,
+                done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver, SCOPE],
+                                      capture_output=True,
                                       text=True, env=_child_environment(), check=False)
             except OSError:
                 return None
@@ -567,9 +637,20 @@ class CompiledPlan:
         fed = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
         return [None if is_parameter else source_value(network, i, {}, fed) for i, is_parameter in self._argument_kinds]
 
-    def forward(self, parameters, feeds=None) -> CompiledRun:
-        """Run the compiled plan -> a CompiledRun readable by the entry's result symbols."""
-        values = self._values(parameters, feeds)  # checked before the device is touched
+    def forward(self, parameters=None, feeds=None) -> CompiledRun:
+        """Run the compiled plan -> a CompiledRun readable by the entry's result symbols.
+
+        A module compiled with ``frozen=`` holds its parameters: call ``forward(feeds=...)``.
+        """
+        if self.frozen is not None:
+            if parameters is not None:
+                raise FeedError(
+                    f"{user_site()}: this module was compiled with frozen parameters (compile(frozen=...)) and "
+                    "holds their values; call forward(feeds=...), or compile again with frozen=<the new table>"
+                )
+            values = self._bind_inputs(feeds)
+        else:
+            values = self._values(parameters, feeds)  # checked before the device is touched
         self._load()
         return CompiledRun(self, self._call(self._invoker, values))
 
@@ -596,6 +677,7 @@ class CompiledPlan:
         """Copy a Parameters table to the device once; ``step`` keeps it there."""
         import iree.runtime as rt
 
+        self._refuse_frozen("resident")
         bound = bind_parameters(self.plan.network, parameters, self._wanted)
         self._load()
         try:
@@ -613,6 +695,8 @@ class CompiledPlan:
         nodes must be entry results.
         """
         # The path every training step takes: one frame, the common case first.
+        if self.frozen is not None:
+            self._refuse_frozen("step")
         checked = self._checked_updates
         positions = checked[1] if updates is checked[0] else self._update_positions(updates)
         invoker = self._invoker
@@ -631,6 +715,14 @@ class CompiledPlan:
         if len(positions) < len(sources):  # a parameter kept: hold its own buffer, not an earlier step's results
             _detach(sources, outputs)
         return ResidentParameters(state._template, sources, self), CompiledRun(self, outputs)
+
+    def _refuse_frozen(self, what: str) -> None:
+        if self.frozen is not None:
+            raise FeedError(
+                f"{user_site()}: compiled.{what}(...) keeps parameters on the device for a training step, but "
+                "this module was compiled with frozen parameters, which no step can change; compile without "
+                "frozen= to train, and call forward(feeds=...) on this one"
+            )
 
     def _update_positions(self, updates) -> tuple[tuple[int, int], ...]:
         """(parameter index, result position) per update, once checked to belong to this plan."""
@@ -720,7 +812,9 @@ class CompiledPlan:
         return dict(allocator.statistics) if allocator.has_statistics else {}
 
     def __repr__(self) -> str:
-        return f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments, {len(self.results)} results>"
+        frozen = "" if self.frozen is None else f", {len(self.frozen)} frozen parameters"
+        return (f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments{frozen}, "
+                f"{len(self.results)} results>")
 
     def _repr_html_(self) -> str:
         from topos.display import compiled_card  # the Jupyter card, loaded only when a notebook asks

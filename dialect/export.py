@@ -22,6 +22,14 @@ The folder holds
   vectors with tolerances from the envelopes; exit status 0 means the
   module reproduces the oracle on this machine.
 
+With ``frozen=True`` the parameters are not arguments: the module reads
+them as globals by name (``topos.dialect.freeze``), and their values are
+written once to ``parameters.irpa`` (an IREE parameter archive, keyed by
+parameter name) instead of ``inputs/``; ``check.sh`` passes
+``--parameters=topos=parameters.irpa``, and the manifest lists them under
+``frozen``. Another checkpoint of the same network runs with the same
+module and another archive.
+
 A result's envelope is the end-to-end one every compiled result meets
 (``conformance.END_TO_END_ULPS`` units of its element type's epsilon
 times the largest magnitude of the oracle's value), as an absolute
@@ -48,8 +56,17 @@ import numpy as np
 
 from topos.errors import AtTheUsersLine
 
-from .compiled import CompiledPlan, _compile, module_flags, toolchain_version
+from .compiled import (
+    CompiledPlan,
+    _compile,
+    entry_parameters,
+    frozen_values_of,
+    lowered,
+    module_flags,
+    toolchain_version,
+)
 from .conformance import END_TO_END_ULPS
+from .freeze import SCOPE, as_bytes, key_of
 from .targets import target
 
 # The runtime device iree-run-module names for each driver CompiledPlan uses.
@@ -70,7 +87,8 @@ class ExportError(AtTheUsersLine, ValueError):
 
 
 def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=None, feeds=None,
-                cpu: str | None = None, force: bool = False, data_tiling: bool | None = None) -> Path:
+                cpu: str | None = None, force: bool = False, data_tiling: bool | None = None,
+                frozen: bool = False) -> Path:
     """Write the artifact of ``plan`` for ``target_name`` into ``directory`` and return its path.
 
     ``parameters`` (default: the record-site initial table) and ``feeds``
@@ -78,7 +96,8 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     ``cpu`` (llvm-cpu) defaults to ``"generic"``, LLVM's portable x86-64 or
     AArch64 baseline, because an exported module travels; ``"host"`` is
     this machine's CPU (faster, and may not run elsewhere). Other targets
-    take no cpu.
+    take no cpu. ``frozen``: the parameters become module globals served
+    from ``parameters.irpa`` (see the module's docstring).
     """
     from topos import Numerics
 
@@ -89,11 +108,12 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
         cpu = "generic" if chosen.name == "llvm-cpu" else "host"
     network = plan.network
     parameters = network.parameters() if parameters is None else parameters
-    text, located, _ = plan._stablehlo_with_timings()
-    flags = module_flags(plan, chosen, cpu, data_tiling)
+    held = frozen_values_of(plan, parameters) if frozen else None  # a wrong table fails before IREE
+    text, located, _ = lowered(plan, frozen)
+    flags = module_flags(plan, chosen, cpu, data_tiling, frozen=frozen)
     flags += _STRIPPED if chosen.name != "llvm-cpu" else _STRIPPED + _STRIPPED_CPU
     vmfb = _compile(text, flags)  # the portable text: the module names no path of this machine
-    compiled = CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, {}, False)
+    compiled = CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, {}, False, frozen=held)
     arguments = compiled._arguments(parameters, feeds)  # FeedError names a missing or wrong feed
     oracle = network.entry(list(plan.entry.roots), observe=list(plan.entry.observes),
                            numerics=Numerics.EXACT).interpret(parameters, feeds)
@@ -115,6 +135,10 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
         "arguments": argument_rows,
         "results": result_rows,
     }
+    if held is not None:
+        manifest["frozen"] = {"file": "parameters.irpa", "scope": SCOPE, "parameters": [
+            {**{f: v for f, v in _describe(network, i, k, held[i]).items() if f != "file"}, "key": key_of(network, i)}
+            for k, i in enumerate(entry_parameters(plan))]}
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=_parent(folder)))
     try:
         partial.chmod(0o777 & ~_umask())  # what mkdir would have made; mkdtemp makes 0700
@@ -127,6 +151,8 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
                   for row, a in zip(argument_rows, arguments)]
         expected = [_write_vector(partial / "expected", row, value)
                     for row, (_, value) in zip(result_rows, results)]
+        if held is not None:
+            _write_archive(partial / "parameters.irpa", {key_of(network, i): a for i, a in held.items()})
         (partial / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         check = partial / "check.sh"
         check.write_text(_check_script(manifest, inputs, expected))
@@ -234,6 +260,8 @@ def _check_script(manifest: dict, inputs: list[str], expected: list[str]) -> str
         if row["dtype"] in _THRESHOLD_FLAGS:
             thresholds[row["dtype"]] = max(thresholds.get(row["dtype"], 0.0), row["envelope_abs"])
     command = ['"$RUN"', "--module=module.vmfb", f"--device={manifest['device']}", "--function=main"]
+    if "frozen" in manifest:
+        command.append(f"--parameters={manifest['frozen']['scope']}={manifest['frozen']['file']}")
     command += [f"--input={spec}" for spec in inputs]
     command += [f"--expected_output={spec}" for spec in expected]
     command += ["--expected_rtol=0"] + [f"{_THRESHOLD_FLAGS[t]}={v:.9g}" for t, v in sorted(thresholds.items())]
@@ -249,6 +277,13 @@ cd "$(dirname "$0")"
 RUN="${{IREE_RUN_MODULE:-iree-run-module}}"
 exec {body}
 """
+
+
+def _write_archive(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An IREE parameter archive of ``arrays`` by key: the bytes each frozen global reads."""
+    from iree.runtime import save_archive_file
+
+    save_archive_file({key: as_bytes(a) for key, a in arrays.items()}, path)
 
 
 def _relative_locations(located: str) -> str:

@@ -149,6 +149,16 @@ def target(name: str) -> Target:
 # and generating pack costs compile time (mmt4d alone: 6.6 s against 5.3 s);
 # MLP M and GPT-2 124M ran level with every choice.
 DATA_TILING_THRESHOLD = 2**25
+# A narrow product packs as much weight as it multiplies: with m rows the
+# per-call pack of a [k, n] weight is 1/m of the product's work. Two products
+# [m, 768] x [768, 3072] and [m, 3072] x [3072, 768] (2026-12-02, the Zen 3
+# machine, one core, weights resident; ms tiled / untiled): m = 1 8.8 / 5.8,
+# 4 12.4 / 6.0, 8 12.1 / 11.0, 16 11.5 / 15.4, 64 27.6 / 56.8; GPT-2 124M's
+# decode step (m = 1, largest product 2^25.2) 187 / 98 ms. So only products
+# whose narrower side has TILED_MIN_ROWS rows count toward the threshold. A
+# frozen module packs its weights once, at load, and then every product counts:
+# there the same products took 2.3 ms tiled at m = 1 and the decode step 54 ms.
+TILED_MIN_ROWS = 16
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack")
 # On one thread (local-sync, llvm-cpu's driver) a tiled product's workgroup should
 # span many rows: IREE's default 64 KiB budget gives MLP M's [128, 784] x [784, 1024]

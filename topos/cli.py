@@ -11,7 +11,8 @@ IREE refuses).
 ``topos export FILE.py[:FUNCTION] -o DIR`` writes the self-contained IREE
 artifact of the case's entry (``plan.export``; FUNCTION default
 ``export_case``, same return convention; the parameters and feeds become
-the test vectors). Exit status 0 when written, 2 when refused.
+the test vectors; ``--frozen`` writes the parameters to ``parameters.irpa``
+for the module to read as globals). Exit status 0 when written, 2 when refused.
 
 User mistakes get a one-paragraph message, never a traceback.
 """
@@ -96,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--cpu", default=None,
                         help="llvm-cpu only: generic (default, portable), host (this machine) or an LLVM CPU name")
     export.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty")
+    export.add_argument("--frozen", action="store_true",
+                        help="the parameters as module globals, their values in parameters.irpa (not inputs)")
     return parser
 
 
@@ -107,7 +110,7 @@ def _export(arguments) -> int:
 
     try:
         folder = entry.lower().export(arguments.output, arguments.target, parameters=parameters, feeds=feeds,
-                                      cpu=arguments.cpu, force=arguments.force)
+                                      cpu=arguments.cpu, force=arguments.force, frozen=arguments.frozen)
     except ToposError as error:
         raise _Refusal(f"{type(error).__name__}: {error}") from None
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())

@@ -2,8 +2,11 @@
 
 ``gpt2.record_generation`` (and ``examples/llama``'s) records both graphs
 over one set of weight slots; :class:`Decoder` reads them the way ``--route`` says (the oracle's
-exact entries, FAST plans, or two IREE modules, each compiled on first use,
-sharing one device-resident copy of the weights). The caches are plain arrays the host carries from
+exact entries, FAST plans, or two IREE modules, each compiled on first use
+with the weights frozen in: ``compile(frozen=table)`` makes them module globals,
+which IREE packs for its matmul microkernels once, when the module loads; a
+decode step multiplies one row by every weight, so packing them per call would cost
+as much as the products). The caches are plain arrays the host carries from
 one decode call to the next: each call takes every layer's keys and values
 ``[batch, heads, L, head_dim]`` as fed inputs and returns them with the
 new token's row written (``kv_cache.write_row``).
@@ -72,17 +75,14 @@ class Decoder:
             self._runs = [lambda feeds, p=p: p.forward(table, feeds) for p in plans]
         else:
             self.compiled: list = [None, None]  # the prefill's and the decode's CompiledPlan, on first use
-            self._resident = None
             self._runs = [lambda feeds, k=k: self._compiled_run(network, roots, table, k, feeds) for k in (0, 1)]
 
     def _compiled_run(self, network, roots, table, k: int, feeds):
         if self.compiled[k] is None:
             began = time.perf_counter()
-            self.compiled[k] = network.entry(roots[k]).lower().compile("llvm-cpu")
+            self.compiled[k] = network.entry(roots[k]).lower().compile("llvm-cpu", frozen=table)
             self.compile_seconds += time.perf_counter() - began
-            if self._resident is None:  # one device copy of the weights serves both modules
-                self._resident = self.compiled[k].resident(table)
-        return self.compiled[k].step(self._resident, feeds, _NOTHING)[1]
+        return self.compiled[k].forward(feeds=feeds)
 
     def _caches(self, run, pairs) -> dict:
         names = self.generation.cache_names()

@@ -161,19 +161,26 @@ def _host_has(flag: str) -> bool:
         return True  # unknown: do not assume the host lacks it
 
 
-def test_a_module_for_a_cpu_this_machine_lacks_is_refused_instead_of_killing_the_process(compile_cache):  # noqa: F811
-    """x86-64-v4 code uses AVX-512; on a machine without it the first dispatch dies of SIGILL."""
+@pytest.mark.parametrize("frozen", [False, True], ids=["arguments", "frozen"])
+def test_a_module_for_a_cpu_this_machine_lacks_is_refused_instead_of_killing_the_process(compile_cache,  # noqa: F811
+                                                                                          frozen):
+    """x86-64-v4 code uses AVX-512; on a machine without it the first dispatch dies of SIGILL.
+
+    A frozen module's trial serves its globals (zeros of each one's size) as the parameters would be.
+    """
     from topos.dialect.targets import llvm_cpus
 
     if llvm_cpus()[0] != "x86_64" or _host_has("avx512f"):
         pytest.skip("needs an x86-64 machine without AVX-512")
-    done = _python("""
+    done = _python(f"""
         from iree_support import mlp_step
         from topos.dialect.compiled import TargetError
         step = mlp_step(batch=64, sizes=(64, 256, 16))
-        compiled = step.entry().lower().compile("llvm-cpu", cpu="x86-64-v4", cache=False)
+        table = step.network.parameters()
+        compiled = step.entry().lower().compile("llvm-cpu", cpu="x86-64-v4", cache=False,
+                                                frozen=table if {frozen} else None)
         try:
-            compiled.forward(step.network.parameters())
+            compiled.forward(None if {frozen} else table)
         except TargetError as error:
             print("TargetError:", error)
         print("alive")

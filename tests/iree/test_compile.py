@@ -243,6 +243,31 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
 
 
+def test_a_narrow_product_does_not_turn_data_tiling_on_unless_the_weights_are_frozen():
+    """One row (a decode step) packs as much weight per call as it multiplies; frozen weights are packed at load."""
+    from topos.dialect.compiled import largest_matmul, module_flags
+    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, TILED_MIN_ROWS, target
+
+    def plan_of(m, k, n, left_weight=False):
+        def model(tape):
+            a = tape.input(np.zeros((m, k) if not left_weight else (k, m), np.float32))
+            b = tape.parameter(np.zeros((k, n) if not left_weight else (n, k), np.float32))
+            return ((b @ a) if left_weight else (a @ b)).sum()
+
+        network, loss = Tape.record(model)
+        return network.entry([loss]).lower()
+
+    cpu = target("llvm-cpu")
+    for narrow in (plan_of(1, 1024, 40000), plan_of(1, 1024, 40000, left_weight=True),
+                   plan_of(TILED_MIN_ROWS - 1, 1024, 4000)):
+        assert largest_matmul(narrow) >= DATA_TILING_THRESHOLD > largest_matmul(narrow, TILED_MIN_ROWS) == 0
+        assert not set(DATA_TILING_FLAGS) & set(module_flags(narrow, cpu, "host", None))
+        assert set(DATA_TILING_FLAGS) <= set(module_flags(narrow, cpu, "host", None, frozen=True))
+    wide = plan_of(TILED_MIN_ROWS, 1024, 4000)
+    assert largest_matmul(wide, TILED_MIN_ROWS) == TILED_MIN_ROWS * 1024 * 4000 >= DATA_TILING_THRESHOLD
+    assert set(DATA_TILING_FLAGS) <= set(module_flags(wide, cpu, "host", None))
+
+
 def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_the_tool():
     """local-sync's tiled products get SINGLE_THREAD_TILING_FLAGS, an option only the iree-compile tool takes."""
     from iree.compiler.api import Session
