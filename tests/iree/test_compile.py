@@ -342,7 +342,9 @@ def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
     line = model.__code__.co_firstlineno + 2
     plan = network.entry([loss]).lower()
     # An out-of-range reduction axis passes the parser and fails IREE's verifier at the op.
-    broken = lambda text: text.replace("across dimensions = [0]", "across dimensions = [3]")
+    def broken(text):
+        return text.replace("across dimensions = [0]", "across dimensions = [3]")
+
     with pytest.raises(CompileError) as failure:
         plan.compile("llvm-cpu", cache=False, rewrite=broken)
     message = str(failure.value)
@@ -424,11 +426,13 @@ def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypat
 def test_a_module_the_runtime_will_not_load_for_its_binding_count_says_what_to_do():
     from topos.dialect.compiled import _load_hint
 
-    refusal = RuntimeError("Error registering modules: module.c:1106: OUT_OF_RANGE; binding count 41 > 32")
+    refusal = RuntimeError("Error registering modules: module.c:1106: OUT_OF_RANGE; "
+                           "binding count 41 > 32")
     assert "declare fewer of them as results" in _load_hint(refusal) and "iree-binding-count" in _load_hint(refusal)
     assert _load_hint(RuntimeError("INVALID_ARGUMENT; something else")) == ""
 
 
 def test_a_device_for_a_driver_the_runtime_lacks_is_a_target_error_naming_it():
-    with pytest.raises(TargetError, match=r"test_compile\.py:\d+ .*no 'no-such-driver' driver \(available: .*local-sync"):
+    with pytest.raises(TargetError,
+                       match=r"test_compile\.py:\d+ .*no 'no-such-driver' driver \(available: .*local-sync"):
         device_for("no-such-driver")
