@@ -27,7 +27,12 @@ jax: ``lower(...).compile()`` of the jitted step (for the makemore twins,
 which have no lower, the first call less a second). Ratios are jax's time
 over topos's: above 1, topos is faster. Nothing is asserted.
 
-Run: python benchmarks/versus_jax.py [--threads 1|2] [--rounds 5] [--models mlp-s,gpt,...]
+``--frozen``: a model that updates nothing (GPT-2's forward) is compiled
+with ``frozen=`` its parameters and called with its feeds alone; its row
+says "(frozen)". jax's column is unchanged (closing over the weights as
+constants measured no faster: benchmarks/gpt2.py).
+
+Run: python benchmarks/versus_jax.py [--threads 1|2] [--rounds 5] [--models mlp-s,gpt,...] [--frozen]
 """
 
 from __future__ import annotations
@@ -66,18 +71,26 @@ PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-tr
              "gpt2-124m-forward": 1}
 
 
-def topos_column(model, driver: str):
-    """(step(k) -> the read value, first-compile seconds, cache-hit seconds, the CompiledPlan)."""
+def topos_column(model, driver: str, frozen: bool = False):
+    """(step(k) -> the read value, first-compile seconds, cache-hit seconds, the CompiledPlan).
+
+    ``frozen`` (a model that updates nothing: GPT-2's forward): compiled with
+    ``frozen=`` its parameters, each call ``forward(feeds=...)``.
+    """
+    frozen = frozen and not model.updates.pairs()
+    options = {"frozen": model.parameters} if frozen else {}
     with tempfile.TemporaryDirectory(prefix="topos-versus-jax-") as directory:
         cache = CompileCache(directory)
         began = time.perf_counter()
-        compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache)
+        compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache, **options)
         first = time.perf_counter() - began
         began = time.perf_counter()
-        again = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache)
+        again = model.network.entry(model.roots).lower().compile("llvm-cpu", driver, cache=cache, **options)
         hit = time.perf_counter() - began
     if compiled.cache_hit or not again.cache_hit:
         raise RuntimeError("the compile-cache measurement did not see one miss then one hit")
+    if frozen:
+        return (lambda k: np.asarray(compiled.forward(feeds=model.feeds(k))[model.read])), first, hit, compiled
     state = [compiled.resident(model.parameters)]
 
     def step(k):
@@ -123,6 +136,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, choices=(1, 2), default=1, help="1 (pinned, local-sync) or 2")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    parser.add_argument("--frozen", action="store_true",
+                        help="forward-only models (GPT-2) compiled with frozen parameters (compile(frozen=...))")
     args = parser.parse_args()
     chosen = chosen_models(parser, args.models, MODELS)
     try:
@@ -152,7 +167,7 @@ def main() -> None:
         began = time.perf_counter()
         model = build(key)
         recorded = time.perf_counter() - began
-        ours, first, hit, compiled = topos_column(model, driver)
+        ours, first, hit, compiled = topos_column(model, driver, args.frozen)
         columns = {"topos": ours}
         opening = {"topos": [ours(0), ours(1)]}
         twin = None
@@ -166,9 +181,10 @@ def main() -> None:
         agree = "—" if twin is None else f"{max(_relative(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
         jax_ms = "absent" if twin is None else _ms(timing["jax"])
         ratio = "—" if twin is None else f"{timing['jax'] / timing['topos']:.2f}x"
-        rows.append([model.name, _ms(timing["topos"]), jax_ms, ratio, agree] + (
+        label = model.name + (" (frozen)" if compiled.frozen is not None else "")
+        rows.append([label, _ms(timing["topos"]), jax_ms, ratio, agree] + (
             [f"{busy['topos']:.2f}", "—" if twin is None else f"{busy['jax']:.2f}"] if THREADS == 2 else []))
-        compile_rows.append([model.name, f"{first:.2f}", f"{compiled.timings.get('iree-compile', 0.0):.2f}",
+        compile_rows.append([label, f"{first:.2f}", f"{compiled.timings.get('iree-compile', 0.0):.2f}",
                              f"{hit * 1e3:.1f}", "—" if twin is None else f"{twin.compile_seconds:.2f}",
                              "—" if twin is None else f"{first / twin.compile_seconds:.2f}x", f"{recorded:.1f}"])
         print(f"{key}: done ({len(model.network)} nodes)", flush=True)
