@@ -49,7 +49,9 @@ def compiled_tally(compiled) -> tuple[Dispatch, ...]:
     for n in compiled.plan.schedule:
         opcode = network._opcodes[n]
         if opcode.is_source:
-            tally.append(Dispatch(n, opcode.name, "source", "an argument of main, or a constant"))
+            held = compiled.frozen is not None and n in compiled.frozen
+            tally.append(Dispatch(n, opcode.name, "source", "a frozen module global (compile(frozen=...))" if held
+                                  else "an argument of main, or a constant"))
         elif n in by_node:
             tally.append(Dispatch(n, opcode.name, backend, " + ".join(by_node[n])))
         else:

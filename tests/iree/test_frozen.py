@@ -211,3 +211,10 @@ def test_every_target_compiles_a_frozen_module_and_vulkan_runs_it_where_it_can(t
     feeds = _feeds(x)
     want = plan.compile("vulkan", cache=False).forward(table, feeds)[logits]
     np.testing.assert_array_equal(frozen.forward(feeds=feeds)[logits], want)
+
+
+def test_the_tally_says_a_frozen_parameter_is_a_module_global():
+    network, x, logits, _ = _classifier()
+    frozen = network.entry([logits]).lower().compile("llvm-cpu", frozen=network.parameters())
+    kinds = {d.node: d.kernel for d in frozen.tally() if d.backend == "source"}
+    assert all("frozen module global" in kinds[i] for i in frozen.frozen) and "argument" in kinds[x.index]
