@@ -311,17 +311,18 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     """
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
-    frozen_values = None if frozen is None else frozen_values_of(plan, frozen)  # a wrong table fails before IREE
+    freezing = frozen is not None
+    frozen_values = frozen_values_of(plan, frozen) if freezing else None  # a wrong table fails before IREE
     store = cache_for(cache)
     if store is not None:
         store.check()  # a cache that cannot work says so before the compile, not after
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver, frozen=frozen is not None)
+    flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver, frozen=freezing)
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
-        entry_key = plan_key(plan, chosen.name, flags, toolchain_version(), frozen=frozen is not None)
+        entry_key = plan_key(plan, chosen.name, flags, toolchain_version(), frozen=freezing)
         vmfb = _cached_module(store, entry_key)
     if vmfb is not None and store is not None and entry_key is not None:
         timings["cache-hit"] = time.perf_counter() - started
@@ -329,14 +330,14 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True,
                                 frozen=frozen_values)
         compiled.cache_key = entry_key
-        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, frozen_values is not None)
+        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, freezing)
         return compiled
-    text, located, stage_times = lowered(plan, frozen_values is not None)
+    text, located, stage_times = lowered(plan, freezing)
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
             raise TypeError("rewrite must return the StableHLO text as a str")
-        flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver, frozen=frozen is not None)
+        flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver, frozen=freezing)
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
@@ -364,11 +365,12 @@ def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
     The table's own arrays, not copies: a Parameters table is immutable and
     hands out only copies of them (``topos.copies.own``), so nothing can
     change what the module reads while it is loaded. GPT-2 124M's 500 MB of
-    weights are not held twice.
+    weights are not held twice. They stay private to the CompiledPlan (``CompiledPlan.frozen`` names
+    only their nodes), so no array of the table is handed out.
     """
     wanted = entry_parameters(plan)
     bound = bind_parameters(plan.network, parameters, frozenset(wanted))
-    return {i: np.ascontiguousarray(bound[i]) for i in wanted}
+    return {i: bound[i] for i in wanted}
 
 
 def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
@@ -472,7 +474,7 @@ class CompiledPlan:
         network = plan.network
         closure = sorted(plan.entry.closure())
         # A frozen module's parameters are its globals, served by key from these arrays (frozen_values_of).
-        self.frozen: Mapping[int, np.ndarray] | None = frozen
+        self._frozen: Mapping[int, np.ndarray] | None = frozen
         self.arguments = (() if frozen is not None else entry_parameters(plan)) + tuple(
             i for i in closure if network._opcodes[i].name == "input"
         )
@@ -489,10 +491,15 @@ class CompiledPlan:
         self._checked_updates: tuple = (None, ())
 
     @property
+    def frozen(self) -> tuple[int, ...] | None:
+        """The node indices of the parameters compiled in as module globals (``compile(frozen=...)``), or None."""
+        return None if self._frozen is None else tuple(self._frozen)
+
+    @property
     def stablehlo(self) -> str:
         """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it)."""
         if self._stablehlo is None:
-            self._stablehlo = lowered(self.plan, True)[0] if self.frozen is not None else self.plan.emit_stablehlo()
+            self._stablehlo = lowered(self.plan, True)[0] if self._frozen is not None else self.plan.emit_stablehlo()
         return self._stablehlo
 
     def _load(self):
@@ -541,7 +548,7 @@ class CompiledPlan:
         import iree.runtime as rt
 
         context = rt.SystemContext(config=config)
-        if self.frozen is not None:  # the globals' values: IREE reads them as the module loads
+        if self._frozen is not None:  # the globals' values: IREE reads them as the module loads
             context.add_vm_module(rt.create_io_parameters_module(context.instance, self._provider()))
         module = rt.VmModule.copy_buffer(context.instance, self.vmfb)
         context.add_vm_module(module)
@@ -551,10 +558,10 @@ class CompiledPlan:
         """IREE's parameter provider serving each frozen parameter's copy under its key (scope ``freeze.SCOPE``)."""
         import iree.runtime as rt
 
-        assert self.frozen is not None  # only a frozen module has one
+        assert self._frozen is not None  # only a frozen module has one
         network = self.plan.network
         index = rt.ParameterIndex()
-        for i, array in self.frozen.items():
+        for i, array in self._frozen.items():
             index.add_buffer(key_of(network, i), as_bytes(array))
         return index.create_provider(scope=SCOPE)
 
@@ -581,7 +588,7 @@ class CompiledPlan:
             (folder / "module.vmfb").write_bytes(self.vmfb)
             (folder / "arguments.json").write_text(json.dumps(arguments))
             (folder / "frozen.json").write_text(json.dumps(
-                [(key_of(network, i), a.nbytes) for i, a in (self.frozen or {}).items()]))
+                [(key_of(network, i), a.nbytes) for i, a in (self._frozen or {}).items()]))
             try:
                 done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver, SCOPE],
                                       capture_output=True,
@@ -642,7 +649,7 @@ class CompiledPlan:
 
         A module compiled with ``frozen=`` holds its parameters: call ``forward(feeds=...)``.
         """
-        if self.frozen is not None:
+        if self._frozen is not None:
             if parameters is not None:
                 raise FeedError(
                     f"{user_site()}: this module was compiled with frozen parameters (compile(frozen=...)) and "
@@ -695,7 +702,7 @@ class CompiledPlan:
         nodes must be entry results.
         """
         # The path every training step takes: one frame, the common case first.
-        if self.frozen is not None:
+        if self._frozen is not None:
             self._refuse_frozen("step")
         checked = self._checked_updates
         positions = checked[1] if updates is checked[0] else self._update_positions(updates)
@@ -717,7 +724,7 @@ class CompiledPlan:
         return ResidentParameters(state._template, sources, self), CompiledRun(self, outputs)
 
     def _refuse_frozen(self, what: str) -> None:
-        if self.frozen is not None:
+        if self._frozen is not None:
             raise FeedError(
                 f"{user_site()}: compiled.{what}(...) keeps parameters on the device for a training step, but "
                 "this module was compiled with frozen parameters, which no step can change; compile without "
@@ -812,7 +819,7 @@ class CompiledPlan:
         return dict(allocator.statistics) if allocator.has_statistics else {}
 
     def __repr__(self) -> str:
-        frozen = "" if self.frozen is None else f", {len(self.frozen)} frozen parameters"
+        frozen = "" if self._frozen is None else f", {len(self._frozen)} frozen parameters"
         return (f"<CompiledPlan {self.target.name}: {len(self.arguments)} arguments{frozen}, "
                 f"{len(self.results)} results>")
 

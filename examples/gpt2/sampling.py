@@ -24,9 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from _training import ROUTES, ExampleError
 
-from topos import Numerics, Updates, init
-
-_NOTHING = Updates(())  # a compiled step that updates no slot: a forward over resident weights
+from topos import Numerics, init
 
 
 @dataclass(frozen=True)

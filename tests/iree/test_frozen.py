@@ -218,3 +218,10 @@ def test_the_tally_says_a_frozen_parameter_is_a_module_global():
     frozen = network.entry([logits]).lower().compile("llvm-cpu", frozen=network.parameters())
     kinds = {d.node: d.kernel for d in frozen.tally() if d.backend == "source"}
     assert all("frozen module global" in kinds[i] for i in frozen.frozen) and "argument" in kinds[x.index]
+
+
+def test_a_frozen_module_names_its_frozen_parameters_without_handing_out_their_arrays():
+    network, x, logits, _ = _classifier()
+    frozen = network.entry([logits]).lower().compile("llvm-cpu", frozen=network.parameters())
+    assert frozen.frozen == tuple(s.index for s in network.parameter_symbols())
+    assert network.entry([logits]).lower().compile("llvm-cpu").frozen is None
