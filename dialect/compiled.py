@@ -272,20 +272,16 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     Its element types decide float64's flags and whether the target refuses
     an element (``Target.refuses``); ``data_tiling`` None decides by the
     largest matmul (of ``TILED_MIN_ROWS`` rows or more, unless the module is
-    ``frozen``: its weights are packed once, at load); a convolution the emission raises brings IREE's img2col
-    (``text``, StableHLO a rewrite produced, is read for one instead);
+    ``frozen``: its weights are packed once, at load); a ``stablehlo.convolution`` in ``text`` (StableHLO a
+    rewrite produced) brings IREE's img2col, which topos's own emission never needs: it spells
+    convolutions as im2col products (topos.dialect.raising);
     ``driver`` (default: the target's) sizes a tiled product's workgroups.
     compile and export both build their flags here.
     """
-    from .plan_passes import elected
-
     if data_tiling is None:
         data_tiling = largest_matmul(plan, 1 if frozen else TILED_MIN_ROWS) >= DATA_TILING_THRESHOLD
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
-    if text is None:
-        convolution = any(c.kind.startswith("convolution") for c in elected(plan))
-    else:
-        convolution = "stablehlo.convolution" in text
+    convolution = text is not None and "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
                      data_tiling=data_tiling, elements=elements, convolution=convolution, driver=driver)
 

@@ -623,10 +623,17 @@ def _unfold(node: _Node) -> ir.Value:
         first = lane * dilation
         strided = _slice(x, axis, first, first + (count - 1) * step + 1, step)
         lanes.append(_reshape(strided, lane_shape))
-    if len(lanes) == 1:
-        return lanes[0]
-    return _one("stablehlo.concatenate", lanes, node.type, dimension=ir.IntegerAttr.get(
-        ir.IntegerType.get_signless(64), axis + 1))
+    return _concatenate(lanes, axis + 1)
+
+
+def _concatenate(values: list[ir.Value], axis: int) -> ir.Value:
+    """``values`` joined along ``axis``; one value is itself (IREE need not see a one-operand concatenate)."""
+    if len(values) == 1:
+        return values[0]
+    shape = list(_shape(values[0]))
+    shape[axis] = sum(_shape(v)[axis] for v in values)
+    return _one("stablehlo.concatenate", values, _tensor(tuple(shape), _element(values[0])),
+                dimension=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), axis))
 
 
 def _fold(node: _Node) -> ir.Value:

@@ -31,21 +31,16 @@ from .passes import OptionError, PassFailure, register_pass
 # Elementwise chains are left to IREE, which forms its own dispatch regions.
 RAISABLE = ("convolution", "convolution_weight_gradient", "convolution_input_gradient", "max_pool",
             "max_pool_gradient", "batch_norm_training", "batch_norm_inference")
-# What topos-elect takes when not told otherwise: every raisable kind but the
-# convolution gradients. Their stablehlo.convolution runs slower on IREE 3.13's
-# llvm-cpu than the composition's im2col matmuls (without IREE's img2col
-# preprocessing; docs/performance.md), and since the forward convolution lends
-# its im2col matrix to the weight gradient, a training step then keeps the
-# composition for both. Name them in kinds= to raise them.
-ELECTED_BY_DEFAULT = tuple(k for k in RAISABLE
-                           if k not in ("convolution_weight_gradient", "convolution_input_gradient"))
+# What topos-elect takes when not told otherwise: every raisable kind. A training
+# step's convolution gradients were left to the composition while they were spelled
+# stablehlo.convolution, which IREE 3.13's llvm-cpu ran slower than the composition's
+# im2col matmuls; spelled as columns (topos-raise's default) the MNIST LeNet's step is
+# 2.1x faster raised than composed (docs/performance.md, "Convolution spellings").
+ELECTED_BY_DEFAULT = RAISABLE
 
 
 def elected(plan, kinds=ELECTED_BY_DEFAULT) -> tuple:
-    """The offers topos-elect raises in ``plan`` when it elects ``kinds``: known before any emission.
-
-    compile reads it to choose flags (a raised convolution gets IREE's img2col).
-    """
+    """The offers topos-elect raises in ``plan`` when it elects ``kinds``: known before any emission."""
     from topos.plan import elect
 
     return elect(plan.candidates(), lambda c: c.kind in kinds)

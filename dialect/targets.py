@@ -176,11 +176,12 @@ PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes"})
 
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy
-# and a matmul first. Measured with benchmarks/img2col.py (2-core AMD EPYC,
-# Zen 3, 2026-12-01; module time with / without, two runs): the forward plans,
-# whose convolutions are raised by default, MNIST LeNet 0.14-0.15, the
-# benchmark conv net 0.18-0.21, a LeNet-like net 0.36-0.48. Added only where
-# the plan raises one.
+# and a matmul first. Measured with benchmarks/img2col.py, now convolutions.py (2-core AMD EPYC,
+# Zen 3, 2026-12-01; module time with / without, two runs): the forward plans
+# with their convolutions spelled named, MNIST LeNet 0.14-0.15, the benchmark
+# conv net 0.18-0.21, a LeNet-like net 0.36-0.48. Added only to StableHLO that
+# holds one: topos's own emission spells convolutions as columns (raising.py),
+# 2.1-3.1x faster again.
 IMG2COL_FLAGS = ("--iree-preprocessing-pass-pipeline="
                  "builtin.module(util.func(iree-global-opt-convert-conv2d-to-img2col))",)
 

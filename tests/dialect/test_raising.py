@@ -1,4 +1,4 @@
-"""topos-raise: elected conv / pool / batch-norm groups become named StableHLO ops with the same meaning."""
+"""topos-raise: elected conv / pool / batch-norm groups become the StableHLO they spell, with the same meaning."""
 
 import numpy as np
 import pytest
@@ -36,27 +36,46 @@ def _net(observe_interior=False, dtype=np.float32):
     return network, loss, mean, network.entry([loss], observe=observe).lower()
 
 
-def _raised(plan):
+def _raised(plan, raise_pass="topos-raise"):
     context = new_context()
     with context:
         module = parse_module(plan.emit_mlir())
-        run_pipeline(module, "topos-fuse,topos-elect,topos-raise")
+        run_pipeline(module, f"topos-fuse,topos-elect,{raise_pass}")
         return module.operation.get_asm(enable_debug_info=False)
 
 
-def test_conv_pool_and_batch_norm_groups_become_named_stablehlo_ops():
+# A convolution spelled as columns is one product batched over the examples; nothing else here is.
+BATCHED = "batching_dims = [0] x [0]"
+
+
+def test_conv_pool_and_batch_norm_groups_become_stablehlo_and_a_convolution_is_columns_by_default():
     network, loss, mean, plan = _net()
     text = _raised(plan)
-    for name in ("stablehlo.convolution", "stablehlo.reduce_window", "stablehlo.batch_norm_training"):
+    for name in (BATCHED, "stablehlo.reduce_window", "stablehlo.batch_norm_training"):
         assert text.count(name) == 1, name
+    assert "stablehlo.convolution" not in text
+    # each example's im2col matrix [C*kh*kw, OH*OW]: nine taps of the padded input stacked after the channels
+    assert "-> tensor<2x3x9x8x8xf32>" in text and "(tensor<2x4x27xf32>, tensor<2x27x64xf32>) -> tensor<2x4x64xf32>" in text
     assert '"topos.unfold"' not in text  # the im2col chain is gone with the group
+
+
+def test_the_named_spelling_raises_a_convolution_to_stablehlo_convolution():
+    network, loss, mean, plan = _net()
+    text = _raised(plan, "topos-raise{convolution=named}")
+    assert text.count("stablehlo.convolution") == 1 and BATCHED not in text
+    assert '"topos.unfold"' not in text
+    with new_context():
+        module = parse_module(plan.emit_mlir())
+        with pytest.raises(PassFailure, match="convolution must be one of columns, named; got 'direct'"):
+            run_pipeline(module, "topos-fuse,topos-elect,topos-raise{convolution=direct}")
 
 
 def test_an_observed_interior_blocks_the_raise_of_its_group():
     network, loss, mean, plan = _net(observe_interior=True)
-    text = _raised(plan)
-    assert "stablehlo.convolution" not in text
-    assert "stablehlo.reduce_window" in text  # the other groups are unaffected
+    for spelling in ("columns", "named"):
+        text = _raised(plan, f"topos-raise{{convolution={spelling}}}")
+        assert "stablehlo.convolution" not in text and BATCHED not in text
+        assert "stablehlo.reduce_window" in text  # the other groups are unaffected
 
 
 def test_raise_without_election_names_the_missing_passes():
@@ -67,13 +86,18 @@ def test_raise_without_election_names_the_missing_passes():
             run_pipeline(module, "topos-raise")
 
 
-@pytest.mark.parametrize("dtype", [np.float32])
-def test_raised_module_compiled_by_iree_matches_the_oracle(dtype, tmp_path, monkeypatch):
+@pytest.mark.parametrize("spelling", ["columns", "named"])
+def test_raised_module_compiled_by_iree_matches_the_oracle(spelling, tmp_path, monkeypatch):
     monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
-    network, loss, mean, plan = _net(dtype=dtype)
-    assert "stablehlo.convolution" in plan.emit_stablehlo()
-    compiled = plan.compile("llvm-cpu")
-    assert set(IMG2COL_FLAGS) <= set(compiled.flags)  # IREE rewrites the convolution as im2col + matmul
+    network, loss, mean, plan = _net()
+    if spelling == "columns":  # what compile emits
+        assert BATCHED in plan.emit_stablehlo() and "stablehlo.convolution" not in plan.emit_stablehlo()
+        compiled = plan.compile("llvm-cpu")
+        assert not set(IMG2COL_FLAGS) & set(compiled.flags)
+    else:  # the named spelling through compile's rewrite seam: IREE rewrites the convolution as im2col + matmul
+        named = plan.emit_stablehlo(convolution="named")
+        compiled = plan.compile("llvm-cpu", rewrite=lambda text, named=named: named)
+        assert set(IMG2COL_FLAGS) <= set(compiled.flags)
     parameters = network.parameters()
     run, oracle = compiled.forward(parameters), network.forward(parameters)
     np.testing.assert_allclose(run[loss], oracle[loss], rtol=1e-4)
@@ -94,7 +118,7 @@ def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_pa
     network, out = Tape.record(model)
     plan = network.entry([out]).lower()
     text = _raised(plan)
-    assert text.count("stablehlo.convolution") == 2 and text.count("stablehlo.reduce_window") == 2
+    assert text.count(BATCHED) == 2 and text.count("stablehlo.reduce_window") == 2
     compiled = plan.compile("llvm-cpu")
     parameters = network.parameters()
     np.testing.assert_allclose(compiled.forward(parameters)[out], network.forward(parameters)[out], rtol=1e-5)
@@ -102,11 +126,14 @@ def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_pa
 
 def test_emit_stablehlo_raises_the_kinds_it_is_given_and_names_an_unknown_one():
     network, loss, mean, plan = _net()
-    assert plan.emit_stablehlo(kinds=["max_pool"]).count("stablehlo.convolution") == 0
-    assert plan.emit_stablehlo(kinds="convolution,max_pool").count("stablehlo.convolution") == 1
+    assert plan.emit_stablehlo(kinds=["max_pool"]).count(BATCHED) == 0
+    assert plan.emit_stablehlo(kinds="convolution,max_pool").count(BATCHED) == 1
+    assert plan.emit_stablehlo(kinds="convolution", convolution="named").count("stablehlo.convolution") == 1
+    with pytest.raises(PlanError, match=r"convolution=\.\.\.\) is 'conv'; choose \"columns\" or \"named\""):
+        plan.emit_stablehlo(convolution="conv")
     with pytest.raises(PlanError, match=r"test_raising\.py:\d+ .*kinds=\.\.\.\) names 'conv', which is no fusion "
                        r"kind; choose among .*convolution_weight_gradient"):
         plan.emit_stablehlo(kinds=["conv"])
     with pytest.raises(PlanError, match="names 7"):
         plan.emit_stablehlo(kinds=[7])
-    assert plan.emit_stablehlo(kinds=[]).count("stablehlo.convolution") == 0  # no kinds: nothing raised
+    assert plan.emit_stablehlo(kinds=[]).count(BATCHED) == 0  # no kinds: nothing raised

@@ -307,8 +307,8 @@ def test_the_tool_path_names_the_users_line_when_iree_refuses():
     assert "Traceback" not in str(raised.value)
 
 
-def test_img2col_follows_the_convolutions_the_emission_raises():
-    """A forward plan raises its convolution and gets IREE's img2col; a training step keeps the composition."""
+def test_img2col_follows_a_stablehlo_convolution_in_the_text_only():
+    """topos spells its convolutions as columns, so no plan of its own gets IREE's img2col; named text does."""
     from topos.dialect.compiled import module_flags
     from topos.dialect.targets import IMG2COL_FLAGS, target
     from topos.nn import functional as F
@@ -322,13 +322,14 @@ def test_img2col_follows_the_convolutions_the_emission_raises():
     network, (loss, adjoints) = Tape.record(model)
     forward, training = network.entry([loss]).lower(), network.entry(adjoints.roots()).lower()
     cpu, vulkan = target("llvm-cpu"), target("vulkan")
-    assert "stablehlo.convolution" in forward.emit_stablehlo()
-    assert set(IMG2COL_FLAGS) <= set(module_flags(forward, cpu, "host", None))
-    assert not set(IMG2COL_FLAGS) & set(module_flags(forward, vulkan, "host", None))  # measured on llvm-cpu only
-    assert "stablehlo.convolution" not in training.emit_stablehlo()
-    assert not set(IMG2COL_FLAGS) & set(module_flags(training, cpu, "host", None))
-    # A rewrite (the bisect seam) is read for a convolution instead of the election.
-    assert set(IMG2COL_FLAGS) <= set(module_flags(training, cpu, "host", None, text=forward.emit_stablehlo()))
+    for plan in (forward, training):
+        assert "stablehlo.convolution" not in plan.emit_stablehlo()
+        assert not set(IMG2COL_FLAGS) & set(module_flags(plan, cpu, "host", None))
+    # A rewrite (the bisect seam) that hands IREE a stablehlo.convolution brings img2col with it.
+    named = forward.emit_stablehlo(convolution="named")
+    assert "stablehlo.convolution" in named
+    assert set(IMG2COL_FLAGS) <= set(module_flags(training, cpu, "host", None, text=named))
+    assert not set(IMG2COL_FLAGS) & set(module_flags(forward, vulkan, "host", None, text=named))  # llvm-cpu only
 
 
 def test_an_iree_diagnostic_names_the_node_and_the_recording_line():

@@ -1,12 +1,12 @@
 """Raised training steps: a convolution's and a max-pool's gradient groups as StableHLO, graded on llvm-cpu.
 
-The emission elects the pool gradient (and, beside it, the forward pool)
-by default. The convolution gradients are raised when ``topos-elect``
-names them: on IREE 3.13's llvm-cpu their ``stablehlo.convolution`` runs
-slower than the composition's im2col matmuls (docs/performance.md), so
-the default keeps the composition for a trained convolution. Both
-emissions are pinned here by their StableHLO op counts for the
-benchmark's conv net and a LeNet-like net, and compiled and graded: each
+The emission elects every gradient group by default (and, beside them,
+the forward convolution and pool), and spells a convolution as columns:
+per-example im2col matrices in a batched ``dot_general``. The named
+spelling (``stablehlo.convolution``) is reached with
+``convolution="named"``. The composition, both spellings' emissions are
+pinned here by their StableHLO op counts for the benchmark's conv net
+and a LeNet-like net, and compiled and graded: each
 raised group's root against the group's EXACT walk on the very operand
 values the compiled step produced (its local error, the way
 ``topos.dialect.conformance`` judges a node), and every gradient end to
@@ -47,16 +47,16 @@ EPS = {topos.float32: 2.0**-23, topos.float64: 2.0**-52, topos.bfloat16: 2.0**-7
 GRADIENTS = ("convolution_weight_gradient", "convolution_input_gradient", "max_pool_gradient")
 
 
-def stablehlo(plan, kinds=None) -> str:
-    """The plan's StableHLO: the default emission, or with ``topos-elect{kinds=...}``."""
-    return plan.emit_stablehlo(kinds=kinds)
+def stablehlo(plan, kinds=None, convolution="columns") -> str:
+    """The plan's StableHLO: the default emission, or with ``topos-elect{kinds=...}`` and a spelling."""
+    return plan.emit_stablehlo(kinds=kinds, convolution=convolution)
 
 
 def op_counts(text: str) -> Counter:
     return Counter(name.split(".")[1] for name in re.findall(r"\bstablehlo\.[a-z_]+\b", text))
 
 
-PINNED = ("convolution", "reduce_window", "slice", "concatenate", "pad", "dot_general", "reverse")
+PINNED = ("convolution", "reduce_window", "slice", "concatenate", "pad", "dot_general", "reverse", "transpose")
 
 
 def _models_under_test():
@@ -65,18 +65,22 @@ def _models_under_test():
 
 
 # Per model: (emission, total StableHLO ops, the pinned ops). "composition" elects nothing
-# raisable: what a training step emitted before its gradients were recognised.
+# raisable: what a training step emitted before its gradients were recognised; "named" raises
+# every kind as stablehlo.convolution.
 COUNTS = {
     "benchmark conv net": {
-        "composition": (160, {"slice": 20, "concatenate": 4, "pad": 12, "dot_general": 5}),
-        "default": (140, {"reduce_window": 1, "slice": 12, "concatenate": 2, "pad": 8, "dot_general": 5}),
-        "all": (127, {"convolution": 2, "reduce_window": 1, "slice": 6, "pad": 6, "dot_general": 3}),
+        "composition": (160, {"slice": 20, "concatenate": 4, "pad": 12, "dot_general": 5, "transpose": 6}),
+        "default": (145, {"reduce_window": 1, "slice": 18, "concatenate": 4, "pad": 2, "dot_general": 5,
+                          "transpose": 6}),
+        "named": (116, {"convolution": 2, "reduce_window": 1, "slice": 6, "concatenate": 3, "dot_general": 3,
+                        "transpose": 4}),
     },
     "LeNet-like": {
-        "composition": (293, {"slice": 50, "concatenate": 8, "pad": 28, "dot_general": 8}),
-        "default": (253, {"reduce_window": 2, "slice": 34, "concatenate": 4, "pad": 20, "dot_general": 8}),
-        "all": (195, {"convolution": 5, "reduce_window": 2, "slice": 12, "pad": 12, "dot_general": 3,
-                      "reverse": 1}),
+        "composition": (293, {"slice": 50, "concatenate": 8, "pad": 28, "dot_general": 8, "transpose": 14}),
+        "default": (336, {"reduce_window": 2, "slice": 63, "concatenate": 8, "pad": 20, "dot_general": 8,
+                          "transpose": 13}),
+        "named": (174, {"convolution": 5, "reduce_window": 2, "slice": 12, "concatenate": 6, "dot_general": 3,
+                        "reverse": 1, "transpose": 9}),
     },
 }
 
@@ -85,16 +89,17 @@ COUNTS = {
 def test_training_steps_emit_the_pinned_stablehlo_op_counts(model):
     network, roots = _models_under_test()[model]
     plan = network.entry(roots).lower()
-    kinds = {"composition": ["elementwise"], "default": None, "all": list(RAISABLE)}
+    emissions = {"composition": (["elementwise"], "columns"), "default": (None, "columns"),
+                 "named": (None, "named")}
     for emission, (total, pinned) in COUNTS[model].items():
-        counts = op_counts(stablehlo(plan, kinds[emission]))
+        counts = op_counts(stablehlo(plan, *emissions[emission]))
         got = {name: counts[name] for name in PINNED if counts[name]}
         assert (sum(counts.values()), got) == (total, pinned), f"{model}, {emission}: {dict(counts)}"
 
 
 def test_raised_convolution_gradients_spell_their_dimension_numbers():
     network, roots = conv_training(np.float32, (1, 2, 9, 8), (3, 2, 3, 3), 2, 1)
-    text = stablehlo(network.entry(roots).lower(), RAISABLE)
+    text = stablehlo(network.entry(roots).lower(), RAISABLE, "named")
     numbers = re.findall(r"dim_numbers = (\[[^\]]*\]x\[[^\]]*\]->\[[^\]]*\])", text)
     assert sorted(numbers) == sorted([
         "[b, f, 0, 1]x[i, 0, 1, o]->[b, 0, 1, f]",  # forward: NCHW input, [C, kh, kw, F] kernel
@@ -106,8 +111,22 @@ def test_raised_convolution_gradients_spell_their_dimension_numbers():
     assert "stablehlo.reverse" in text and '"topos.' not in text
 
 
-def _compiled(plan, kinds):
-    text = stablehlo(plan, kinds)
+def test_columns_spell_each_convolution_group_as_a_product_batched_over_the_examples():
+    """Stride 2, padding 1: [1, 2, 9, 8] by [3, 2, 3, 3] gives 5 x 4 positions and a 2*3*3 = 18-row matrix."""
+    network, roots = conv_training(np.float32, (1, 2, 9, 8), (3, 2, 3, 3), 2, 1)
+    text = stablehlo(network.entry(roots).lower())
+    products = re.findall(r"stablehlo\.dot_general .*: \((tensor<[^)]*)\) -> (tensor<\w+>)", text)
+    assert sorted(f"{a} -> {b}" for a, b in products) == sorted([
+        "tensor<1x3x18xf32>, tensor<1x18x20xf32> -> tensor<1x3x20xf32>",  # forward: W by the columns
+        "tensor<1x18x20xf32>, tensor<1x3x20xf32> -> tensor<1x18x3xf32>",  # weight gradient, per example
+        "tensor<1x18x3xf32>, tensor<1x3x20xf32> -> tensor<1x18x20xf32>",  # input gradient's columns
+    ])
+    assert "-> tensor<1x2x9x5x4xf32>" in text  # nine taps, each a stride-2 slice of the padded input
+    assert "stablehlo.convolution" not in text and "stablehlo.reverse" not in text and '"topos.' not in text
+
+
+def _compiled(plan, kinds, convolution="columns"):
+    text = stablehlo(plan, kinds, convolution)
     return plan.compile("llvm-cpu", rewrite=lambda _: text)
 
 
@@ -118,14 +137,14 @@ def _group_inputs(network, group) -> set[int]:
     return {j for j in reads if not network._opcodes[j].is_source}
 
 
-def _grade(network, roots, dtype, kinds=RAISABLE):
+def _grade(network, roots, dtype, kinds=RAISABLE, convolution="columns"):
     """Compile with ``kinds`` raised; grade every raised gradient group locally and every root end to end."""
     plan = network.entry(roots).lower()
     groups = [c for c in elect(plan.candidates(), lambda c: c.kind in kinds) if c.kind in GRADIENTS]
     watched = sorted({g.root for g in groups} | {j for g in groups for j in _group_inputs(network, g)}
                      - {s.index for s in roots})
     entry = network.entry(roots, observe=[network.symbol(n) for n in watched])
-    compiled = _compiled(entry.lower(), kinds)
+    compiled = _compiled(entry.lower(), kinds, convolution)
     parameters = network.parameters()
     run, oracle = compiled.forward(parameters), network.forward(parameters)
     flush = conformance.FLUSHES_SUBNORMALS.get("llvm-cpu", False)
@@ -180,11 +199,12 @@ TRAINING_CASES = [
 ]
 
 
+@pytest.mark.parametrize("convolution", ["columns", "named"])
 @pytest.mark.parametrize("case", TRAINING_CASES, ids=lambda c: f"{c[0]}*{c[1]}-s{c[2]}-p{c[3]}-pool{c[5]}")
-def test_raised_training_step_matches_the_oracle_within_the_envelopes(case):
+def test_raised_training_step_matches_the_oracle_within_the_envelopes(case, convolution):
     shape, weight_shape, stride, padding, dilation, pool = case
     network, roots = conv_training(np.float32, shape, weight_shape, stride, padding, dilation, pool)
-    graded = _grade(network, roots, topos.float32)
+    graded = _grade(network, roots, topos.float32, convolution=convolution)
     assert graded == set(GRADIENTS) - (set() if pool else {"max_pool_gradient"})
 
 
@@ -199,11 +219,17 @@ def test_raised_lenet_step_matches_the_oracle_in_every_element_type(dtype):
     assert _grade(network, roots, np.dtype(dtype)) == set(GRADIENTS)
 
 
-def test_the_default_emission_raises_the_pool_gradient_and_matches_the_oracle():
+def test_the_pool_gradient_raised_alone_matches_the_oracle_and_the_default_raises_every_group():
     network, roots = lenet(np.float32, side=12)
     assert _grade(network, roots, topos.float32, kinds=("max_pool", "max_pool_gradient")) == {"max_pool_gradient"}
     text = network.entry(roots).lower().emit_stablehlo()
+    assert text == stablehlo(network.entry(roots).lower(), RAISABLE)
     assert op_counts(text)["reduce_window"] == 2 and not op_counts(text)["convolution"]
+
+
+def test_the_named_lenet_step_matches_the_oracle():
+    network, roots = lenet(np.float32, side=12)
+    assert _grade(network, roots, topos.float32, convolution="named") == set(GRADIENTS)
 
 
 @pytest.mark.slow
@@ -212,7 +238,9 @@ def test_the_default_emission_raises_the_pool_gradient_and_matches_the_oracle():
     ((1, 2, 9, 9), (2, 2, 2, 2), 1, 0, 1, (3, 2)),  # overlapping pool windows
     ((2, 1, 10, 9), (2, 1, 3, 3), (2, 1), (2, 1), 1, (2, 1)),
 ], ids=lambda c: f"{c[0]}*{c[1]}-s{c[2]}-p{c[3]}-pool{c[5]}")
-def test_raised_training_step_sweep(case):
+@pytest.mark.parametrize("convolution", ["columns", "named"])
+def test_raised_training_step_sweep(case, convolution):
     shape, weight_shape, stride, padding, dilation, pool = case
     network, roots = conv_training(np.float32, shape, weight_shape, stride, padding, dilation, pool)
-    assert _grade(network, roots, topos.float32) >= {"convolution_weight_gradient", "convolution_input_gradient"}
+    assert _grade(network, roots, topos.float32, convolution=convolution) >= {"convolution_weight_gradient",
+                                                                             "convolution_input_gradient"}

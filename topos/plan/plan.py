@@ -293,14 +293,20 @@ class Plan:
         folded = [n for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED]
         return {n: value_of(n) for n in folded}
 
-    def emit_stablehlo(self, debug_info: bool = False, kinds=None) -> str:
+    def emit_stablehlo(self, debug_info: bool = False, kinds=None, convolution: str = "columns") -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
 
         With ``debug_info`` every op keeps its location: the node and the
         user's recording line. ``kinds`` names the fusion kinds raised to
-        named StableHLO ops (``topos-elect{kinds=...}``); None raises the
-        default ones (``topos.dialect.plan_passes.ELECTED_BY_DEFAULT``).
+        StableHLO (``topos-elect{kinds=...}``); None raises the default
+        ones (``topos.dialect.plan_passes.ELECTED_BY_DEFAULT``, every kind).
+        ``convolution`` spells the raised convolutions
+        (``topos-raise{convolution=...}``): "columns", im2col matrices in a
+        batched ``dot_general`` (what ``compile`` runs), or "named",
+        ``stablehlo.convolution``.
         """
+        if convolution not in ("columns", "named"):
+            raise PlanError(f"emit_stablehlo(convolution=...) is {convolution!r}; choose \"columns\" or \"named\"")
         if kinds is not None:
             from .patterns import CATALOG
 
@@ -312,10 +318,10 @@ class Plan:
                 if not isinstance(name, str) or name.strip() not in known:
                     raise PlanError(f"emit_stablehlo(kinds=...) names {name!r}, which is no fusion kind; "
                                     f"choose among {', '.join(known)}")
-        plain, located, _ = self._stablehlo_with_timings(kinds)
+        plain, located, _ = self._stablehlo_with_timings(kinds, convolution)
         return located if debug_info else plain
 
-    def _stablehlo_with_timings(self, kinds=None) -> tuple[str, str, dict[str, float]]:
+    def _stablehlo_with_timings(self, kinds=None, convolution: str = "columns") -> tuple[str, str, dict[str, float]]:
         import time
 
         from ..dialect.emit import emit_module
@@ -327,11 +333,12 @@ class Plan:
         started = time.perf_counter()
         module = emit_module(self.network, roots, observes, constants=self.folded_constants())
         emitted = time.perf_counter()
-        # Elected conv / pool / batch-norm groups become their named StableHLO ops first.
+        # Elected conv / pool / batch-norm groups become the StableHLO they spell first.
         if kinds is not None and not isinstance(kinds, str):  # a str is already topos-opt's "a,b" spelling
             kinds = ",".join(kinds)
         elect = "topos-elect" if kinds is None else f"topos-elect{{kinds={kinds}}}"
-        run_pipeline(module, f"topos-fuse,{elect},topos-raise")
+        spelled = "topos-raise" if convolution == "columns" else f"topos-raise{{convolution={convolution}}}"
+        run_pipeline(module, f"topos-fuse,{elect},{spelled}")
         raised = time.perf_counter()
         plain, located = to_stablehlo_with_locations(module)
         return plain, located, {"emit": emitted - started, "raise": raised - emitted,
