@@ -16,9 +16,10 @@ five minutes there). It first checks that ``iree.runtime`` has a working
 2. Benchmark: one step of every model of docs/performance.md (MLP
    784-128-10 and 784-1024-1024-10, the 2-block GPT, makemore's MLP and
    transformer, the MNIST example's LeNet training step, GPT-2 124M forward at
-   T=128; float32) with parameters resident on the device, on the target
-   and on llvm-cpu, and the NumPy FAST plan for scale; median
-   milliseconds per step and compile seconds. It never asserts timings.
+   T=128, and again with its parameters frozen into the module; float32)
+   with parameters resident on the device, on the target and on
+   llvm-cpu, and the NumPy FAST plan for scale; median milliseconds per
+   step and compile seconds. It never asserts timings.
 
 Exit status: 0 when every node conforms (or no device), 1 otherwise.
 
@@ -113,6 +114,36 @@ def _median_ms(run, steps: int) -> float:
     return 1000 * median_seconds(run, steps)
 
 
+def _device_cells(built, target: str, steps: int, frozen: bool) -> list[str]:
+    """[median ms a step, compile s] of ``built`` on ``target``: resident parameters, or ``frozen`` into the module."""
+    feeds, updates, read = built.feeds(0), built.updates, built.read
+    started = time.perf_counter()
+    try:
+        options = {"frozen": built.parameters} if frozen else {}
+        compiled = built.network.entry(built.roots).lower().compile(target, cache=False, **options)
+    except topos.ToposError as error:
+        return [f"refused: {str(error).splitlines()[0][:50]}", "-"]
+    seconds = time.perf_counter() - started
+    if frozen:
+        def one_step():
+            return float(np.asarray(compiled.forward(feeds=feeds)[read]).reshape(-1)[0])
+    else:
+        state = [compiled.resident(built.parameters)]
+
+        def one_step():
+            state[0], run = compiled.step(state[0], feeds, updates)
+            return float(np.asarray(run[read]).reshape(-1)[0])
+
+    return [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}"]
+
+
+def _numpy_cell(built, steps: int) -> str:
+    """Median ms of ``built``'s NumPy FAST plan, for scale."""
+    plan = built.network.entry(built.roots, numerics=Numerics.FAST).lower()
+    parameters, feeds = built.parameters, built.feeds(0)
+    return f"{_median_ms(lambda: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}"
+
+
 def benchmark(target: str, steps: int, models=MODELS) -> None:
     """One step of every model on ``target`` and on llvm-cpu, parameters resident; the NumPy FAST plan for scale."""
     rows = []
@@ -121,30 +152,14 @@ def benchmark(target: str, steps: int, models=MODELS) -> None:
             print(reason, flush=True)
             continue
         built = build(model)
-        network, roots, feeds, updates, loss = built.network, built.roots, built.feeds(0), built.updates, built.read
-        parameters = built.parameters
-        cells = [model]
-        for name in dict.fromkeys([target, "llvm-cpu"]):
-            started = time.perf_counter()
-            try:
-                compiled = network.entry(roots).lower().compile(name, cache=False)
-            except topos.ToposError as error:
-                cells += [f"refused: {str(error).splitlines()[0][:50]}", "-"]
-                continue
-            seconds = time.perf_counter() - started
-            state = [compiled.resident(parameters)]
-
-            def one_step(compiled=compiled, state=state):
-                state[0], run = compiled.step(state[0], feeds, updates)
-                return float(np.asarray(run[loss]).reshape(-1)[0])
-
-            cells += [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}"]
-        if model != "gpt2-124m-forward":  # a 124M-weight NumPy forward takes seconds a call
-            plan = network.entry(roots, numerics=Numerics.FAST).lower()
-            cells.append(f"{_median_ms(lambda plan=plan: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}")
-        else:
-            cells.append("-")
-        rows.append(cells)
+        # A model that updates nothing (GPT-2's forward) gets a second row compiled with frozen parameters.
+        for frozen in (False, True) if not built.updates.pairs() else (False,):
+            cells = [model + (" (frozen)" if frozen else "")]
+            for name in dict.fromkeys([target, "llvm-cpu"]):
+                cells += _device_cells(built, name, steps, frozen)
+            # A 124M-weight NumPy forward takes seconds a call.
+            cells.append("-" if model == "gpt2-124m-forward" or frozen else _numpy_cell(built, steps))
+            rows.append(cells)
     header = ["model (one step, float32)", f"{target} ms", f"{target} compile s"]
     if target != "llvm-cpu":
         header += ["llvm-cpu ms", "llvm-cpu compile s"]
@@ -159,7 +174,8 @@ def main(argv=None) -> int:
     parser.add_argument("--families", default=",".join(conformance_cases.FAMILIES))
     parser.add_argument("--dtypes", default="f32,f64,bf16")
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"benchmark models (default all: {', '.join(MODELS)})")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"benchmark models (default all: {', '.join(MODELS)})")
     args = parser.parse_args(argv)
     chosen = find_target(args.target)
     problem = device_problem(chosen.driver)
