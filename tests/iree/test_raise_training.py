@@ -5,8 +5,8 @@ the forward convolution and pool), and spells a convolution as columns:
 per-example im2col matrices in a batched ``dot_general``. The named
 spelling (``stablehlo.convolution``) is reached with
 ``convolution="named"``. The composition, both spellings' emissions are
-pinned here by their StableHLO op counts for the benchmark's conv net
-and a LeNet-like net, and compiled and graded: each
+pinned here by their StableHLO op counts and IREE dispatch counts for the
+benchmark's conv net and a LeNet-like net, and compiled and graded: each
 raised group's root against the group's EXACT walk on the very operand
 values the compiled step produced (its local error, the way
 ``topos.dialect.conformance`` judges a node), and every gradient end to
@@ -95,6 +95,31 @@ def test_training_steps_emit_the_pinned_stablehlo_op_counts(model):
         counts = op_counts(stablehlo(plan, *emissions[emission]))
         got = {name: counts[name] for name in PINNED if counts[name]}
         assert (sum(counts.values()), got) == (total, pinned), f"{model}, {emission}: {dict(counts)}"
+
+
+# Per model: the IREE dispatches (flow executables) of each emission's training step, IREE 3.13.
+DISPATCHES = {"benchmark conv net": {"composition": 51, "default": 41, "named": 30},
+              "LeNet-like": {"composition": 92, "default": 88, "named": 43}}
+
+
+@pytest.mark.parametrize("model", list(DISPATCHES))
+def test_training_steps_compile_to_the_pinned_dispatch_counts(model):
+    """The kernel count per model: the default (columns) dispatches fewer kernels than the composition."""
+    from iree.compiler import compile_str
+
+    from topos.dialect.compiled import module_flags
+    from topos.dialect.targets import target
+
+    network, roots = _models_under_test()[model]
+    plan = network.entry(roots).lower()
+    flags = [*module_flags(plan, target("llvm-cpu"), "generic", None), "--compile-to=flow"]
+    emissions = {"composition": (["elementwise"], "columns"), "default": (None, "columns"),
+                 "named": (None, "named")}
+    got = {}
+    for emission, (kinds, convolution) in emissions.items():
+        flow = compile_str(stablehlo(plan, kinds, convolution), extra_args=flags).decode()
+        got[emission] = len(re.findall(r"flow\.executable\.export public @", flow))
+    assert got == DISPATCHES[model]
 
 
 def test_raised_convolution_gradients_spell_their_dimension_numbers():
