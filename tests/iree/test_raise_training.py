@@ -233,6 +233,14 @@ def test_raised_training_step_matches_the_oracle_within_the_envelopes(case, conv
     assert graded == set(GRADIENTS) - (set() if pool else {"max_pool_gradient"})
 
 
+@pytest.mark.parametrize("convolution", ["columns", "named"])
+def test_a_dilated_non_square_convolution_raised_in_training_matches_the_oracle(convolution):
+    """Dilation 2, a 2 x 3 kernel, padding (1, 2): recorded by hand, since the facade takes no dilation."""
+    network, roots = conv_training(np.float32, (1, 2, 9, 10), (3, 2, 2, 3), 1, (1, 2), 2, recording="hand")
+    assert _grade(network, roots, topos.float32, convolution=convolution) == {
+        "convolution_weight_gradient", "convolution_input_gradient"}
+
+
 # float32 by default; float64 and bfloat16 (about 10 s more) under -m slow.
 LENET_ELEMENTS = [p if p.id == "f32" else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
                   for p in ELEMENT_PARAMETERS]
@@ -262,6 +270,7 @@ def test_the_named_lenet_step_matches_the_oracle():
     ((2, 2, 10, 9), (3, 2, 3, 3), 3, 4, 1, None),  # padding wider than the kernel: negative crop padding
     ((1, 2, 9, 9), (2, 2, 2, 2), 1, 0, 1, (3, 2)),  # overlapping pool windows
     ((2, 1, 10, 9), (2, 1, 3, 3), (2, 1), (2, 1), 1, (2, 1)),
+    ((2, 3, 7, 7), (4, 3, 1, 1), 2, 0, 1, None),  # one kernel tap: no concatenate of taps
 ], ids=lambda c: f"{c[0]}*{c[1]}-s{c[2]}-p{c[3]}-pool{c[5]}")
 @pytest.mark.parametrize("convolution", ["columns", "named"])
 def test_raised_training_step_sweep(case, convolution):
