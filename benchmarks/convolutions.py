@@ -1,7 +1,7 @@
 """Convolution spellings: each conv model's forward and training modules as topos emits them and the other ways.
 
-topos-raise spells a convolution group as *columns* by default (each
-example's im2col matrix times the weight in one batched ``dot_general``;
+topos-raise spells a convolution group as *columns* by default (the
+batch's im2col matrix, transposed, times the weight in one ``dot_general``;
 the gradients likewise) or *named* (``stablehlo.convolution``, which
 llvm-cpu compiles with IREE's img2col preprocessing, ``targets.IMG2COL_FLAGS``).
 Per model: the forward plan (the loss alone) spelled as columns, named
@@ -11,8 +11,10 @@ convolutions left to the composition (``kinds`` without them: its
 unfold chain compiled as recorded, the pools still raised).
 
 Models: the MNIST example's LeNet (``_zoo.py``, 28 x 28, batch 64), the
-benchmark conv net (``_models.conv_net``) and the LeNet-like net of the
-raise tests (batch 16, 28 x 28). Each module is called directly on its
+benchmark conv net (``_models.conv_net``), the LeNet-like net of the
+raise tests (batch 16, 28 x 28), and a deep layer: one 3 x 3 convolution
+of 128 channels to 128 on 8 x 8, padding 1, batch 32 (tanh, squared sum),
+where the filters outnumber the positions. Each module is called directly on its
 arguments already on the device (local-sync, pinned to one CPU), rounds
 interleaved; median wall ms per call and the range over rounds. Every
 variant's results are compared with the default's first. Nothing is
@@ -39,17 +41,19 @@ from _timing import cpu_model, median_seconds, table  # noqa: E402
 
 
 def models() -> dict:
-    """name -> (network, training roots, parameters, feeds): the three conv models."""
+    """name -> (network, training roots, parameters, feeds): the four conv models."""
     import _models
     from _zoo import build
-    from test_patterns_training import lenet
+    from test_patterns_training import conv_training, lenet
 
     lenet_zoo = build("lenet")
     conv = _models.conv_net()
     like, like_roots = lenet(np.float32, batch=16, side=28)
+    deep, deep_roots = conv_training(np.float32, (32, 128, 8, 8), (128, 128, 3, 3), 1, 1)
     return {"MNIST LeNet, batch 64": (lenet_zoo.network, lenet_zoo.roots, lenet_zoo.parameters, lenet_zoo.feeds(0)),
             "conv net, batch 16": (conv.trained, conv.adjoints.roots(), conv.trained.parameters(), conv.feeds),
-            "LeNet-like, batch 16": (like, like_roots, like.parameters(), None)}
+            "LeNet-like, batch 16": (like, like_roots, like.parameters(), None),
+            "deep layer, batch 32": (deep, deep_roots, deep.parameters(), None)}
 
 
 def variants(network, roots, parameters, feeds) -> dict:

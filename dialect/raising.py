@@ -7,26 +7,26 @@ consumer elects them (``topos-elect``), and this pass replaces each
 elected group: a max-pool by ``stablehlo.reduce_window``, batch norm by
 ``stablehlo.batch_norm_training`` / ``_inference``, and a convolution in
 one of two spellings (the ``convolution`` option). "columns", the
-default, builds each example's im2col matrix ``[C*kh*kw, OH*OW]`` from one
-strided slice of the padded input per kernel tap and multiplies it by the
-weight in a ``dot_general`` batched over the examples, so the result
-comes out channel-major as NCHW wants it and no six-axis transpose is
-left for IREE. "named" is ``stablehlo.convolution``, the op other tools
-recognise. The group's interior ops, now unread, are erased; everything
-else is left for ``topos-lower-to-stablehlo``.
+default, builds the whole batch's im2col matrix transposed,
+``[C*kh*kw, B*OH*OW]``, from one strided slice of the padded,
+channel-major input per kernel tap, and multiplies the weight by it in
+one ``dot_general``: no six-axis transpose is left for IREE, and no
+product runs per example. "named" is ``stablehlo.convolution``, the op
+other tools recognise. The group's interior ops, now unread, are
+erased; everything else is left for ``topos-lower-to-stablehlo``.
 
 A training step adds the recorded gradients. A convolution's weight
-gradient is, spelled as columns, the per-example product of the im2col
-matrix with dY summed over the examples (the same slices as the forward
-one's, merged by CSE), and its input gradient the weight's transpose
-times dY, each tap's plane placed back onto the padded extent and
-summed; spelled named, both are ``stablehlo.convolution`` too (the batch
-contracted; the kernel reversed with dY dilated by the stride). A
-max-pool's gradient keeps its recorded rules, fed lanes recomputed from
-the input, with each lane's gradient placed by strided pads in the folds'
-order. A lent interior (the im2col matrix, a pool's lanes) loses its last
-reader only when the gradient that recomputes it is raised, so the
-erasing waits until every group is raised.
+gradient is, spelled as columns, dY times the same matrix (built once
+for both), and its input gradient the weight's transpose times dY's,
+each tap's plane placed back onto the padded extent and summed; spelled
+named, both are ``stablehlo.convolution`` too (the batch contracted; the
+kernel reversed with dY dilated by the stride). A max-pool's gradient
+keeps its recorded rules, fed lanes recomputed from the input, with each
+lane's gradient woven back by reshapes (windows that tile the input) or
+placed by strided pads in the folds' order. A lent interior (the im2col
+matrix, a pool's lanes) loses its last reader only when the gradient
+that recomputes it is raised, so the erasing waits until every group is
+raised.
 
 Like the reference, bfloat16 groups compute in float32 and round once.
 """
@@ -38,7 +38,6 @@ from iree.compiler import ir
 
 from .lowering import (
     _binary,
-    _broadcast_in_dim,
     _concatenate,
     _constant,
     _convert,
@@ -53,7 +52,6 @@ from .lowering import (
     _reshape,
     _shape,
     _slice,
-    _sum,
     _tensor,
     _widened,
 )
@@ -186,13 +184,14 @@ def _convolution_input_gradient(candidate, ops) -> dict[int, ir.Value]:
 
 
 def _columns(ops, d, count) -> ir.Value:
-    """The im2col matrix laid out per example, ``[B, C*kh*kw, OH*OW]`` (k runs channel slowest, as the matmul's).
+    """The im2col matrix transposed, ``[C*kh*kw, B*OH*OW]``: k runs channel slowest, the rows as the matmul's.
 
-    One strided slice of the padded input per kernel tap, stacked after the
-    channel axis: each is a copy of whole output rows, where the
-    composition's ``[B*OH*OW, C*kh*kw]`` matrix is a six-axis transpose.
-    A convolution and its weight gradient read one matrix, built where the
-    first of them is raised (the forward one, which comes first).
+    The input turned channel-major (``[C, B, H, W]``, one transpose of the
+    input alone), padded, then one strided slice per kernel tap, stacked
+    after the channel axis: each tap is a copy of whole output planes, where
+    the composition's ``[B*OH*OW, C*kh*kw]`` matrix is a six-axis
+    transpose. A convolution and its weight gradient read one matrix, built
+    where the first of them is raised (the forward one, which comes first).
     """
     key = (d["input"], d["padding"], d["kernel_size"], d["stride"], d["dilation"], count)
     if key not in ops.columns:
@@ -202,83 +201,71 @@ def _columns(ops, d, count) -> ir.Value:
 
 def _columns_of(x: ir.Value, d, count) -> ir.Value:
     (top, bottom), (left, right) = d["padding"]
-    x = _pad(_pad(x, 2, top, bottom, 0, 0.0), 3, left, right, 0, 0.0)
+    x = _pad(_pad(_turned(x, (1, 0, 2, 3)), 2, top, bottom, 0, 0.0), 3, left, right, 0, 0.0)
     (kh, kw), (sh, sw), (dh, dw) = d["kernel_size"], d["stride"], d["dilation"]
-    batch, channels = _shape(x)[:2]
+    channels, batch = _shape(x)[:2]
     oh, ow = count
     taps = []
     for i in range(kh):
         rows = _slice(x, 2, i * dh, i * dh + sh * (oh - 1) + 1, sh)
         for j in range(kw):
             tap = _slice(rows, 3, j * dw, j * dw + sw * (ow - 1) + 1, sw)
-            taps.append(_reshape(tap, (batch, channels, 1, oh, ow)))
-    return _reshape(_concatenate(taps, 2), (batch, channels * kh * kw, oh * ow))
+            taps.append(_reshape(tap, (channels, 1, batch, oh, ow)))
+    return _reshape(_concatenate(taps, 1), (channels * kh * kw, batch * oh * ow))
 
 
-def _per_example(matrix: ir.Value, batch: int) -> ir.Value:
-    """A ``[K, N]`` matrix transposed and broadcast to ``[B, N, K]``: one operand of a batched product."""
-    k, n = _shape(matrix)
-    return _broadcast_in_dim(matrix, (batch, n, k), (2, 1))
-
-
-def _by_filter(rows: ir.Value, batch: int, count: int) -> ir.Value:
-    """The matmul layout ``[B*OH*OW, F]`` as ``[B, F, OH*OW]``: the composition's permute to NCHW undoes it."""
-    filters = _shape(rows)[1]
-    return _one("stablehlo.transpose", [_reshape(rows, (batch, count, filters))],
-                _tensor((batch, filters, count), _element(rows)), permutation=_i64s((0, 2, 1)))
-
-
-def _by_row(planes: ir.Value) -> ir.Value:
-    """``[B, F, P]`` back to the matmul layout ``[B*P, F]`` that the group's root has."""
-    batch, filters, count = _shape(planes)
-    turned = _one("stablehlo.transpose", [planes], _tensor((batch, count, filters), _element(planes)),
-                  permutation=_i64s((0, 2, 1)))
-    return _reshape(turned, (batch * count, filters))
+def _turned(x: ir.Value, permutation) -> ir.Value:
+    shape = _shape(x)
+    return _one("stablehlo.transpose", [x], _tensor([shape[p] for p in permutation], _element(x)),
+                permutation=_i64s(permutation))
 
 
 def _columns_convolution(candidate, ops) -> dict[int, ir.Value]:
-    """Y[b] = W[F, C*kh*kw] @ columns[b]: a product batched over the examples, landing in NCHW order."""
+    """Y[B*OH*OW, F] = (W^T @ columns)^T: one product over C*kh*kw for the whole batch, then turned.
+
+    Computed as [F, B*OH*OW], a long row per filter: the other orientation,
+    ``columns^T @ W`` straight into the matmul's rows, ran the forward plans
+    about 2x slower on IREE 3.13's llvm-cpu (docs/performance.md,
+    "Convolution spellings").
+    """
     d = candidate.details
     kernel = _widened(_value(ops, d["kernel"]))  # [C*kh*kw, F]
     batch, filters, oh, ow = d["out_shape"]
     columns = _columns(ops, d, (oh, ow))
-    out = _dot(_per_example(kernel, batch), columns, [0], 2, 1, (batch, filters, oh * ow))
-    return {candidate.root: _convert(_by_row(out), _element(ops[candidate.root].result))}
+    out = _turned(_dot(kernel, columns, [], 0, 0, (filters, batch * oh * ow)), (1, 0))
+    return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
 def _columns_weight_gradient(candidate, ops) -> dict[int, ir.Value]:
-    """dW[k, f] = sum over examples and positions of columns[b, k, p] * dY[b, f, p]."""
+    """dW[C*kh*kw, F] = (dY^T @ columns^T)^T: one product over the batch's positions, as the composition's."""
     d = candidate.details
-    oh, ow = d["count"]
-    dy = _by_filter(_widened(_value(ops, d["gradient"])), d["batch"], oh * ow)
-    columns = _columns(ops, d, (oh, ow))
-    # Per example, then summed: one product over (b, p) would first transpose the whole matrix.
-    per_example = _dot(columns, dy, [0], 2, 2, (d["batch"], _shape(columns)[1], d["filters"]))
-    out = _sum(per_example, 0)
+    dy = _widened(_value(ops, d["gradient"]))  # [B*OH*OW, F]
+    columns = _columns(ops, d, d["count"])
+    out = _turned(_dot(dy, columns, [], 0, 1, (d["filters"], _shape(columns)[0])), (1, 0))
     return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
 def _columns_input_gradient(candidate, ops) -> dict[int, ir.Value]:
-    """dColumns[b] = W^T @ dY[b], each tap's plane placed back onto the padded extent and summed, then cropped."""
+    """dColumns = W^T @ dY^T, each tap's plane placed back onto the padded extent and summed, then cropped."""
     d = candidate.details
     batch, channels = d["batch"], d["channels"]
     (kh, kw), (oh, ow) = d["kernel_size"], d["count"]
     (sh, sw), (dh, dw) = d["stride"], d["dilation"]
     height, width = d["extent"]
-    dy = _by_filter(_widened(_value(ops, d["gradient"])), batch, oh * ow)
+    dy = _widened(_value(ops, d["gradient"]))  # [B*OH*OW, F]
     kernel = _widened(_value(ops, d["kernel"]))  # [F, C*kh*kw]
-    columns = _dot(_per_example(kernel, batch), dy, [0], 2, 1, (batch, channels * kh * kw, oh * ow))
-    taps = _reshape(columns, (batch, channels, kh * kw, oh, ow))
-    total = _constant(0.0, (batch, channels, height, width), _element(taps))
-    # Each tap's plane spread onto the padded extent by edge padding alone (lowering._placed) and
-    # summed. One pad of all the taps read through shifted windows measured 12% slower (LeNet step).
+    columns = _dot(kernel, dy, [], 0, 1, (channels * kh * kw, batch * oh * ow))
+    taps = _reshape(columns, (channels, kh * kw, batch, oh, ow))
+    total = _constant(0.0, (channels, batch, height, width), _element(taps))
+    # Each tap's plane spread onto the padded extent by edge padding alone (lowering._placed: IREE
+    # 3.13 miscompiles an interior pad of a pad, iree-pad-of-pad) and summed.
     for i in range(kh):
         for j in range(kw):
-            tap = _reshape(_slice(taps, 2, i * kw + j, i * kw + j + 1), (batch, channels, oh, 1, ow))
-            rows = _reshape(_placed(tap, 2, i * dh, height, sh), (batch, channels, height, ow, 1))
+            tap = _reshape(_slice(taps, 1, i * kw + j, i * kw + j + 1), (channels, batch, oh, 1, ow))
+            rows = _reshape(_placed(tap, 2, i * dh, height, sh), (channels, batch, height, ow, 1))
             total = _binary("stablehlo.add", total, _placed(rows, 3, j * dw, width, sw))
     (top, kept_height), (left, kept_width) = d["crop"]
-    out = _crop(_crop(total, 2, top, kept_height), 3, left, kept_width)
+    out = _turned(_crop(_crop(total, 2, top, kept_height), 3, left, kept_width), (1, 0, 2, 3))
     return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
@@ -432,7 +419,7 @@ def _batch_norm(candidate, ops) -> dict[int, ir.Value]:
 
 
 # How a convolution group is spelled (topos-raise{convolution=...}). "columns", the default:
-# the im2col matrix per example and a batched dot_general, which IREE 3.13's llvm-cpu runs
+# the batch's im2col matrix, transposed, in one dot_general, which IREE 3.13's llvm-cpu runs
 # 2.1-3.1x faster than "named" (stablehlo.convolution, with its img2col preprocessing) on a
 # forward pass and 2.1x faster than the composition on the MNIST LeNet's training step
 # (docs/performance.md, "Convolution spellings"). "named" keeps the op other tools recognise.
@@ -458,8 +445,8 @@ assert set(RAISES) == set(RAISABLE)
 def raise_pass(module, *, convolution: str = "columns") -> None:
     """Raise every group topos-elect marked; the group's now-unread ops are erased.
 
-    ``convolution`` spells the convolution groups: "columns" (a batched
-    product of per-example im2col matrices) or "named" (``stablehlo.convolution``).
+    ``convolution`` spells the convolution groups: "columns" (the batch's
+    im2col matrix, transposed, in one product) or "named" (``stablehlo.convolution``).
     """
     from topos.plan import elect
 

@@ -44,25 +44,26 @@ def _raised(plan, raise_pass="topos-raise"):
         return module.operation.get_asm(enable_debug_info=False)
 
 
-# A convolution spelled as columns is one product batched over the examples; nothing else here is.
-BATCHED = "batching_dims = [0] x [0]"
+# A convolution spelled as columns multiplies the weight by the transposed im2col matrix, contracting
+# both first axes; no other product here does.
+COLUMNS = "contracting_dims = [0] x [0]"
 
 
 def test_conv_pool_and_batch_norm_groups_become_stablehlo_and_a_convolution_is_columns_by_default():
     network, loss, mean, plan = _net()
     text = _raised(plan)
-    for name in (BATCHED, "stablehlo.reduce_window", "stablehlo.batch_norm_training"):
+    for name in (COLUMNS, "stablehlo.reduce_window", "stablehlo.batch_norm_training"):
         assert text.count(name) == 1, name
     assert "stablehlo.convolution" not in text
-    # each example's im2col matrix [C*kh*kw, OH*OW]: nine taps of the padded input stacked after the channels
-    assert "-> tensor<2x3x9x8x8xf32>" in text and "(tensor<2x4x27xf32>, tensor<2x27x64xf32>) -> tensor<2x4x64xf32>" in text
+    # the im2col matrix [C*kh*kw, B*OH*OW]: nine taps of the padded, channel-major input stacked after the channels
+    assert "-> tensor<3x9x2x8x8xf32>" in text and "(tensor<27x4xf32>, tensor<27x128xf32>) -> tensor<4x128xf32>" in text
     assert '"topos.unfold"' not in text  # the im2col chain is gone with the group
 
 
 def test_the_named_spelling_raises_a_convolution_to_stablehlo_convolution():
     network, loss, mean, plan = _net()
     text = _raised(plan, "topos-raise{convolution=named}")
-    assert text.count("stablehlo.convolution") == 1 and BATCHED not in text
+    assert text.count("stablehlo.convolution") == 1 and COLUMNS not in text
     assert '"topos.unfold"' not in text
     with new_context():
         module = parse_module(plan.emit_mlir())
@@ -74,7 +75,7 @@ def test_an_observed_interior_blocks_the_raise_of_its_group():
     network, loss, mean, plan = _net(observe_interior=True)
     for spelling in ("columns", "named"):
         text = _raised(plan, f"topos-raise{{convolution={spelling}}}")
-        assert "stablehlo.convolution" not in text and BATCHED not in text
+        assert "stablehlo.convolution" not in text and COLUMNS not in text
         assert "stablehlo.reduce_window" in text  # the other groups are unaffected
 
 
@@ -91,7 +92,7 @@ def test_raised_module_compiled_by_iree_matches_the_oracle(spelling, tmp_path, m
     monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
     network, loss, mean, plan = _net()
     if spelling == "columns":  # what compile emits
-        assert BATCHED in plan.emit_stablehlo() and "stablehlo.convolution" not in plan.emit_stablehlo()
+        assert COLUMNS in plan.emit_stablehlo() and "stablehlo.convolution" not in plan.emit_stablehlo()
         compiled = plan.compile("llvm-cpu")
         assert not set(IMG2COL_FLAGS) & set(compiled.flags)
     else:  # the named spelling through compile's rewrite seam: IREE rewrites the convolution as im2col + matmul
@@ -118,7 +119,7 @@ def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_pa
     network, out = Tape.record(model)
     plan = network.entry([out]).lower()
     text = _raised(plan)
-    assert text.count(BATCHED) == 2 and text.count("stablehlo.reduce_window") == 2
+    assert text.count(COLUMNS) == 2 and text.count("stablehlo.reduce_window") == 2
     compiled = plan.compile("llvm-cpu")
     parameters = network.parameters()
     np.testing.assert_allclose(compiled.forward(parameters)[out], network.forward(parameters)[out], rtol=1e-5)
@@ -126,8 +127,8 @@ def test_a_group_reading_a_raised_group_raises_too_and_matches_the_oracle(tmp_pa
 
 def test_emit_stablehlo_raises_the_kinds_it_is_given_and_names_an_unknown_one():
     network, loss, mean, plan = _net()
-    assert plan.emit_stablehlo(kinds=["max_pool"]).count(BATCHED) == 0
-    assert plan.emit_stablehlo(kinds="convolution,max_pool").count(BATCHED) == 1
+    assert plan.emit_stablehlo(kinds=["max_pool"]).count(COLUMNS) == 0
+    assert plan.emit_stablehlo(kinds="convolution,max_pool").count(COLUMNS) == 1
     assert plan.emit_stablehlo(kinds="convolution", convolution="named").count("stablehlo.convolution") == 1
     with pytest.raises(PlanError, match=r"convolution=\.\.\.\) is 'conv'; choose \"columns\" or \"named\""):
         plan.emit_stablehlo(convolution="conv")
@@ -136,4 +137,4 @@ def test_emit_stablehlo_raises_the_kinds_it_is_given_and_names_an_unknown_one():
         plan.emit_stablehlo(kinds=["conv"])
     with pytest.raises(PlanError, match="names 7"):
         plan.emit_stablehlo(kinds=[7])
-    assert plan.emit_stablehlo(kinds=[]).count(BATCHED) == 0  # no kinds: nothing raised
+    assert plan.emit_stablehlo(kinds=[]).count(COLUMNS) == 0  # no kinds: nothing raised

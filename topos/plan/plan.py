@@ -301,8 +301,8 @@ class Plan:
         StableHLO (``topos-elect{kinds=...}``); None raises the default
         ones (``topos.dialect.plan_passes.ELECTED_BY_DEFAULT``, every kind).
         ``convolution`` spells the raised convolutions
-        (``topos-raise{convolution=...}``): "columns", im2col matrices in a
-        batched ``dot_general`` (what ``compile`` runs), or "named",
+        (``topos-raise{convolution=...}``): "columns", the im2col matrix in
+        one ``dot_general`` (what ``compile`` runs), or "named",
         ``stablehlo.convolution``.
         """
         if convolution not in ("columns", "named"):
