@@ -57,7 +57,7 @@ def models() -> dict:
 
 
 def variants(network, roots, parameters, feeds) -> dict:
-    """label -> (vmfb, arguments) for one model."""
+    """label -> a Runner of that module on its arguments, for one model."""
     from compiled import standalone_module
 
     from topos.dialect.plan_passes import RAISABLE
@@ -84,8 +84,10 @@ def variants(network, roots, parameters, feeds) -> dict:
 
 def _agree(runners) -> str:
     """The largest difference of each variant's results from its plan's default spelling, over the results' scale."""
-    results = {label: [np.asarray(r) for r in (lambda out: out if isinstance(out, (list, tuple)) else [out])(
-        runner.step())] for label, runner in runners.items()}
+    results = {}
+    for label, runner in runners.items():
+        out = runner.step()
+        results[label] = [np.asarray(r) for r in (out if isinstance(out, (list, tuple)) else [out])]
     worst = 0.0
     for label, values in results.items():
         default = results[label.split(":")[0] + ": columns (default)"]

@@ -593,7 +593,13 @@ def _reshape_rule(node: _Node) -> ir.Value:
 
 def _permute(node: _Node) -> ir.Value:
     (x,) = node.operands
-    return _one("stablehlo.transpose", [x], node.type, permutation=_i64s(node.ints("order")))
+    return _transpose(x, node.ints("order"))
+
+
+def _transpose(x: ir.Value, permutation: Sequence[int]) -> ir.Value:
+    shape = _shape(x)
+    return _one("stablehlo.transpose", [x], _tensor([shape[p] for p in permutation], _element(x)),
+                permutation=_i64s(permutation))
 
 
 def _narrow(node: _Node) -> ir.Value:

@@ -44,7 +44,7 @@ from .lowering import (
     _create,
     _dot,
     _element,
-    _i64s,
+    _like,
     _maximum_of,
     _one,
     _pad,
@@ -53,6 +53,7 @@ from .lowering import (
     _shape,
     _slice,
     _tensor,
+    _transpose,
     _widened,
 )
 from .passes import OptionError, PassFailure, register_pass
@@ -201,7 +202,7 @@ def _columns(ops, d, count) -> ir.Value:
 
 def _columns_of(x: ir.Value, d, count) -> ir.Value:
     (top, bottom), (left, right) = d["padding"]
-    x = _pad(_pad(_turned(x, (1, 0, 2, 3)), 2, top, bottom, 0, 0.0), 3, left, right, 0, 0.0)
+    x = _pad(_pad(_transpose(x, (1, 0, 2, 3)), 2, top, bottom, 0, 0.0), 3, left, right, 0, 0.0)
     (kh, kw), (sh, sw), (dh, dw) = d["kernel_size"], d["stride"], d["dilation"]
     channels, batch = _shape(x)[:2]
     oh, ow = count
@@ -212,12 +213,6 @@ def _columns_of(x: ir.Value, d, count) -> ir.Value:
             tap = _slice(rows, 3, j * dw, j * dw + sw * (ow - 1) + 1, sw)
             taps.append(_reshape(tap, (channels, 1, batch, oh, ow)))
     return _reshape(_concatenate(taps, 1), (channels * kh * kw, batch * oh * ow))
-
-
-def _turned(x: ir.Value, permutation) -> ir.Value:
-    shape = _shape(x)
-    return _one("stablehlo.transpose", [x], _tensor([shape[p] for p in permutation], _element(x)),
-                permutation=_i64s(permutation))
 
 
 def _columns_convolution(candidate, ops) -> dict[int, ir.Value]:
@@ -232,7 +227,7 @@ def _columns_convolution(candidate, ops) -> dict[int, ir.Value]:
     kernel = _widened(_value(ops, d["kernel"]))  # [C*kh*kw, F]
     batch, filters, oh, ow = d["out_shape"]
     columns = _columns(ops, d, (oh, ow))
-    out = _turned(_dot(kernel, columns, [], 0, 0, (filters, batch * oh * ow)), (1, 0))
+    out = _transpose(_dot(kernel, columns, [], 0, 0, (filters, batch * oh * ow)), (1, 0))
     return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
@@ -241,7 +236,7 @@ def _columns_weight_gradient(candidate, ops) -> dict[int, ir.Value]:
     d = candidate.details
     dy = _widened(_value(ops, d["gradient"]))  # [B*OH*OW, F]
     columns = _columns(ops, d, d["count"])
-    out = _turned(_dot(dy, columns, [], 0, 1, (d["filters"], _shape(columns)[0])), (1, 0))
+    out = _transpose(_dot(dy, columns, [], 0, 1, (d["filters"], _shape(columns)[0])), (1, 0))
     return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
@@ -265,7 +260,7 @@ def _columns_input_gradient(candidate, ops) -> dict[int, ir.Value]:
             rows = _reshape(_placed(tap, 2, i * dh, height, sh), (channels, batch, height, ow, 1))
             total = _binary("stablehlo.add", total, _placed(rows, 3, j * dw, width, sw))
     (top, kept_height), (left, kept_width) = d["crop"]
-    out = _turned(_crop(_crop(total, 2, top, kept_height), 3, left, kept_width), (1, 0, 2, 3))
+    out = _transpose(_crop(_crop(total, 2, top, kept_height), 3, left, kept_width), (1, 0, 2, 3))
     return {candidate.root: _convert(out, _element(ops[candidate.root].result))}
 
 
@@ -378,7 +373,7 @@ def _interleaved(gradients, d, element) -> ir.Value:
         rows.append(_reshape(_concatenate(lanes, 4), (batch, channels, oh, 1, ow * sw)))
     woven = _reshape(_concatenate(rows, 3), (batch, channels, oh * sh, ow * sw))
     woven = _pad(_pad(woven, 2, 0, height - oh * sh, 0, 0.0), 3, 0, width - ow * sw, 0, 0.0)
-    return _binary("stablehlo.add", woven, _constant(0.0, (batch, channels, height, width), _element(woven)))
+    return _binary("stablehlo.add", woven, _like(0.0, woven))
 
 
 def _vector(ops, position: int, features: int) -> ir.Value:

@@ -305,8 +305,11 @@ class Plan:
         one ``dot_general`` (what ``compile`` runs), or "named",
         ``stablehlo.convolution``.
         """
-        if convolution not in ("columns", "named"):
-            raise PlanError(f"emit_stablehlo(convolution=...) is {convolution!r}; choose \"columns\" or \"named\"")
+        from ..dialect.raising import CONVOLUTION_SPELLINGS
+
+        if not isinstance(convolution, str) or convolution not in CONVOLUTION_SPELLINGS:
+            choices = " or ".join(f'"{name}"' for name in CONVOLUTION_SPELLINGS)
+            raise PlanError(f"emit_stablehlo(convolution=...) is {convolution!r}; choose {choices}")
         if kinds is not None:
             from .patterns import CATALOG
 
@@ -337,8 +340,7 @@ class Plan:
         if kinds is not None and not isinstance(kinds, str):  # a str is already topos-opt's "a,b" spelling
             kinds = ",".join(kinds)
         elect = "topos-elect" if kinds is None else f"topos-elect{{kinds={kinds}}}"
-        spelled = "topos-raise" if convolution == "columns" else f"topos-raise{{convolution={convolution}}}"
-        run_pipeline(module, f"topos-fuse,{elect},{spelled}")
+        run_pipeline(module, f"topos-fuse,{elect},topos-raise{{convolution={convolution}}}")
         raised = time.perf_counter()
         plain, located = to_stablehlo_with_locations(module)
         return plain, located, {"emit": emitted - started, "raise": raised - emitted,
