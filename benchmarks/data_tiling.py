@@ -5,8 +5,8 @@ reaches ``topos.dialect.targets.DATA_TILING_THRESHOLD`` multiply-adds.
 This script is the evidence for that number: each model of ``_zoo.py``
 is lowered once, its StableHLO compiled (no cache) under topos's llvm-cpu
 flags without data tiling, with ``--iree-opt-data-tiling`` (IREE's default
-ukernel choice), with data tiling plus the mmt4d and pack microkernels
-(topos's flags) and with every microkernel
+ukernel choice), with topos's ``DATA_TILING_FLAGS`` (the mmt4d and pack
+microkernels, multi-use fusion off) and with every microkernel
 (``--iree-llvmcpu-enable-ukernels=all``); each module is called on the same
 device-resident arguments (IREE local-sync, one pinned CPU) in
 interleaved rounds. Printed: the largest matmul (log2 of its
@@ -42,7 +42,7 @@ from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # no
 VARIANTS = {
     "untiled": (),
     "data tiling": ("--iree-opt-data-tiling",),
-    "+ ukernels mmt4d,pack (topos)": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack"),
+    "+ ukernels mmt4d,pack (topos)": DATA_TILING_FLAGS,
     "+ ukernels all": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
 }
 PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,

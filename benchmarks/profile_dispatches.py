@@ -3,12 +3,14 @@
 The model's step (``_zoo.py``) is exported for this machine's CPU
 (``plan.export(..., cpu="host")``, with and without data tiling), then
 ``iree-benchmark-module`` runs the artifact's ``module.vmfb`` on its own
-inputs on one pinned CPU (local-sync) with
+inputs on one pinned CPU (local-sync, IREE's caching allocator as in
+topos's own calls) with
 ``--device_profiling_mode=host-execution``, and ``iree-profile statistics``
 reads the capture back. Printed per variant: the module's median time, the
 dispatch time per call split by the kind IREE names each dispatch with
 (``matmul``, ``batch_matmul``, ``reduction``, ``transpose``,
-``elementwise``, ...), and the slowest dispatches (a dispatch may run several times a call:
+``elementwise``, ``encode``: data tiling's packing of an operand into its
+tiled layout, ...), and the slowest dispatches (a dispatch may run several times a call:
 one per block of the same shape) with their achieved GFLOP/s per run
 where IREE's name gives a matmul's shape. Nothing is asserted.
 
@@ -32,9 +34,9 @@ from _timing import table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402
 
 _UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-_LINE = re.compile(r"host_execute (main_dispatch_\d+_(\S+))\s+count=(\d+) total=([\d.]+) (\w+)")
+_LINE = re.compile(r"host_execute ((?:main_dispatch_\d+|_encoding_\d+)_(\S+))\s+count=(\d+) total=([\d.]+) (\w+)")
 _KIND = re.compile(r"(batch_matmul|matmul|matvec_like|reduction|transpose|elementwise|slow_memcpy|scatter|"
-                   r"pack|unpack|conv)")
+                   r"pack|unpack|conv|encode)")
 _SHAPE = re.compile(r"(?:batch_)?matmul_((?:\d+x)+\d+)_f")
 
 
@@ -65,7 +67,7 @@ def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, tuple[
     inputs = input_flags(folder)
     capture = folder / "capture.ireeprof"
     command = ["taskset", "-c", str(cpu), tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
-               "--device=local-sync", "--function=main", *inputs,
+               "--device=local-sync", "--device_allocator=caching", "--function=main", *inputs,
                f"--benchmark_min_time={calls}x", "--device_profiling_mode=host-execution",
                f"--device_profiling_output={capture}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)

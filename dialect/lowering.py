@@ -54,7 +54,12 @@ oracle in ``tests/dialect/test_lowering_semantics.py``):
 * ``unfold`` is one strided ``slice`` per lane, concatenated: a copy.
 * ``erf`` is ``chlo.erf``, which IREE's StableHLO input pipeline
   legalizes for float32 and float64; ``erf_derivative`` is decomposed as
-  ``2/sqrt(pi) * exp(-(x * x))``.
+  ``2/sqrt(pi) * exp(-(x * x))``. When x is ``y * c`` for a splat constant
+  c (GELU's ``x / sqrt 2``), x is rebuilt from y as ``(y * 2c) * 0.5``:
+  the same bits (``_scaled``), but not the forward's expression, so IREE
+  computes it in the backward from y, which the forward keeps anyway,
+  instead of storing the forward's x for it (measured in
+  docs/performance.md, "GELU's backward").
 * ``log_softmax`` and ``logsumexp`` shift by the maximum along the axis,
   with a non-finite maximum replaced by 0, exactly as the kernels do.
 """
@@ -449,8 +454,38 @@ def _step(node: _Node) -> ir.Value:
 
 
 def _erf_derivative(x: ir.Value) -> ir.Value:
+    scaled = _scaled(x)
+    if scaled is not None:
+        # x = y * c (GELU's x / sqrt 2): rebuild it here from y as (y * 2c) * 0.5, which rounds as
+        # y * c does (see _scaled) but is another expression, so IREE recomputes it in the
+        # backward instead of keeping the forward's copy alive between the two.
+        y, c = scaled
+        x = _binary("stablehlo.multiply", _binary("stablehlo.multiply", y, _like(2.0 * c, y)), _like(0.5, y))
     bell = _unary("stablehlo.exponential", _unary("stablehlo.negate", _binary("stablehlo.multiply", x, x)))
     return _binary("stablehlo.multiply", _like(2.0 / math.sqrt(math.pi), x), bell)
+
+
+def _scaled(x: ir.Value) -> tuple[ir.Value, float] | None:
+    """(y, c) when ``x`` is ``y * c`` for a float32/float64 splat constant c whose double is finite.
+
+    Doubling and halving are exact, so (y * 2c) * 0.5 equals y * c wherever
+    y * c is a normal number or overflows; where it is subnormal the two may
+    differ in the last place, and erf_derivative's square rounds both to 0:
+    erf_derivative's bits are the same either way.
+    """
+    owner = _producer(x, "stablehlo.multiply")
+    if owner is None or not isinstance(_element(x), (ir.F32Type, ir.F64Type)):
+        return None
+    for k in (0, 1):
+        constant = _producer(owner.operands[k], "stablehlo.constant")
+        if constant is None:
+            continue
+        value = ir.DenseElementsAttr(constant.attributes["value"])
+        if value.is_splat:
+            c = ir.FloatAttr(value.get_splat_value()).value
+            largest = float(np.finfo(np.float32 if isinstance(_element(x), ir.F32Type) else np.float64).max)
+            return (owner.operands[1 - k], c) if math.isfinite(c) and abs(2.0 * c) <= largest else None
+    return None
 
 
 def _chlo_erf(x: ir.Value) -> ir.Value:

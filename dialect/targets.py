@@ -159,7 +159,13 @@ DATA_TILING_THRESHOLD = 2**25
 # frozen module packs its weights once, at load, and then every product counts:
 # there the same products took 2.3 ms tiled at m = 1 and the decode step 54 ms.
 TILED_MIN_ROWS = 16
-DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack")
+# Fusing a value with several readers into one dispatch: IREE 3.13 cannot compile a tiled
+# product whose epilogue hands out two results in the plain layout (x @ w + b returned
+# beside its GELU fails with "operations with large vector sizes"; 2026-12-03). Without
+# multi-use fusion it compiles, and the small GPT, MLP M and GPT-2 124M ran level and
+# gave the same bits (docs/performance.md, "Data tiling by size").
+DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack",
+                     "--iree-dispatch-creation-fuse-multi-use=false")
 # On one thread (local-sync, llvm-cpu's driver) a tiled product's workgroup should
 # span many rows: IREE's default 64 KiB budget gives MLP M's [128, 784] x [784, 1024]
 # and GPT-2's LM head workgroups of 2 x 2 tiles of 16 x 16, so the weight is read

@@ -49,6 +49,27 @@ func.func @erf_derivative(%arg0: tensor<3xf64>) -> tensor<3xf64> {
 
 // -----
 
+// erf_derivative of y * c (GELU's x / sqrt 2) rebuilds its input from y as (y * 2c) * 0.5:
+// the same bits, and not the forward's product, so the backward need not read a stored copy.
+// CHECK-LABEL: func.func @erf_derivative_of_a_scaled_input
+// CHECK:         %[[C:.+]] = stablehlo.constant dense<0.707106769> : tensor<3xf32>
+// CHECK-NEXT:    %[[X:.+]] = stablehlo.multiply %arg0, %[[C]] : tensor<3xf32>
+// CHECK-NEXT:    %[[TWICE:.+]] = stablehlo.constant dense<1.41421354> : tensor<3xf32>
+// CHECK-NEXT:    %[[DOUBLED:.+]] = stablehlo.multiply %arg0, %[[TWICE]] : tensor<3xf32>
+// CHECK-NEXT:    %[[HALF:.+]] = stablehlo.constant dense<5.000000e-01> : tensor<3xf32>
+// CHECK-NEXT:    %[[REBUILT:.+]] = stablehlo.multiply %[[DOUBLED]], %[[HALF]] : tensor<3xf32>
+// CHECK-NEXT:    %[[SQUARE:.+]] = stablehlo.multiply %[[REBUILT]], %[[REBUILT]] : tensor<3xf32>
+// CHECK-NOT:     %[[X]]
+// CHECK:         return
+func.func @erf_derivative_of_a_scaled_input(%arg0: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = "topos.leaf"() {node = 1 : i64, value = dense<0.707106769> : tensor<3xf32>} : () -> tensor<3xf32>
+  %1 = "topos.mul"(%arg0, %0) {node = 2 : i64} : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  %2 = "topos.map"(%1) {function = "erf_derivative", node = 3 : i64} : (tensor<3xf32>) -> tensor<3xf32>
+  return %2 : tensor<3xf32>
+}
+
+// -----
+
 // bfloat16 functions compute in float32 and round once.
 // CHECK-LABEL: func.func @tanh_bf16
 // CHECK-NEXT:    %[[WIDE:.+]] = stablehlo.convert %arg0 : (tensor<2xbf16>) -> tensor<2xf32>

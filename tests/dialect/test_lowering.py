@@ -150,3 +150,29 @@ def test_an_unknown_map_function_is_reported_not_guessed():
         module = ir.Module.parse(text)
         with pytest.raises(LoweringError, match="unknown function 'gamma'"):
             run_pipeline(module, [PASS_NAME], verify_each=False)
+
+
+def _gelu_and_its_gradient(tape):
+    x = tape.parameter(data(topos.float32, (4, 6), "x"))
+    loss = x.gelu().sum()
+    return loss, tape.differentiate(loss, [x]).roots()
+
+
+def test_gelu_backward_rebuilds_the_scaled_input_instead_of_reading_the_forward_copy():
+    # Read by the backward too, the forward's x / sqrt 2 would be stored between the two
+    # (IREE does not recompute it): one more matmul-epilogue output on the GPT's step.
+    network, (loss, gradients) = Tape.record(_gelu_and_its_gradient)
+    text = to_stablehlo(emitted(network, [loss, *gradients]))
+    constant = {value: name for name, value in re.findall(r"(%\S+) = stablehlo\.constant dense<([^>]+)>", text)}
+    (scaled,) = re.findall(rf"(%\S+) = stablehlo\.multiply %arg0, {constant['0.707106769']} ", text)
+    assert re.findall(rf"= (\S+) [^\n]*{scaled}\b", text) == ["chlo.erf"], text  # its one reader
+    (doubled,) = re.findall(rf"(%\S+) = stablehlo\.multiply %arg0, {constant['1.41421354']} ", text)
+    (rebuilt,) = re.findall(rf"(%\S+) = stablehlo\.multiply {doubled}, {constant['5.000000e-01']} ", text)
+    assert f"stablehlo.multiply {rebuilt}, {rebuilt} " in text, text
+
+
+def test_a_scale_whose_double_overflows_is_not_rebuilt():
+    network, root = Tape.record(
+        lambda tape: (tape.input(data(topos.float32, (3,), "x")) * 3.0e38).erf_derivative())
+    text = to_stablehlo(emitted(network, [root]))
+    assert "dense<6" not in text and len(re.findall(r"stablehlo\.multiply", text)) == 3, text

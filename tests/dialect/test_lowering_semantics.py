@@ -143,3 +143,23 @@ def test_iree_runs_the_shared_mlp_graph():
     results = list(roots) + list(observes)
     for k, (root, got) in enumerate(zip(results, _run_with_iree(network, results, topos.float32))):
         check_envelope(got, run[root], "stable", topos.float32, floor=1.0, what=f"result {k}")
+
+
+@pytest.mark.parametrize("dtype", [topos.float32, topos.float64], ids=ELEMENT_IDS.get)
+def test_erf_derivative_of_a_scaled_input_has_the_bits_of_the_stored_product(dtype):
+    # The lowering rebuilds y * c as (y * 2c) * 0.5 (GELU's backward); fed the product the
+    # forward would have stored, the plain lowering must give the same bits everywhere:
+    # normal, subnormal and overflowing products, zeros, infinities and NaN.
+    evaluator()
+    finfo = np.finfo(np.dtype(dtype))
+    c = 0.7071067811865476
+    y = np.concatenate([data(dtype, (64,), "y", -6.0, 6.0),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, finfo.max, -finfo.max, finfo.tiny,
+                                  finfo.tiny * 3.0, finfo.smallest_subnormal * 5.0, 1.0, -1.0], dtype)])
+    scaled, root = Tape.record(lambda tape: (tape.input(y) * c).erf_derivative())
+    _, (got,) = lowered_results(scaled, [root])
+    with np.errstate(over="ignore"):
+        product = (y * np.asarray(c, dtype)).astype(dtype)
+    stored, plain = Tape.record(lambda tape: tape.input(product).erf_derivative())
+    _, (want,) = lowered_results(stored, [plain])
+    assert got.tobytes() == want.tobytes()

@@ -243,6 +243,24 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
 
 
+def test_a_tiled_product_returned_beside_its_gelu_compiles():
+    """IREE 3.13 fails on a tiled product whose epilogue hands out two plain results; topos's flags avoid it."""
+    rng = np.random.default_rng(3)
+
+    def model(tape):
+        x = tape.input(rng.uniform(-1.0, 1.0, (256, 128)).astype(np.float32))
+        w = tape.parameter(rng.uniform(-0.1, 0.1, (128, 256)).astype(np.float32))
+        b = tape.parameter(rng.uniform(-0.1, 0.1, 256).astype(np.float32))
+        hidden = x @ w + b.broadcast_to((256, 256))
+        return hidden, hidden.gelu()
+
+    network, (hidden, gelu) = Tape.record(model)
+    compiled = network.entry([hidden, gelu]).lower().compile("llvm-cpu", cache=False, data_tiling=True)
+    got, want = compiled.forward(network.parameters()), network.forward(network.parameters())
+    for root in (hidden, gelu):
+        np.testing.assert_allclose(got[root], want[root], rtol=1e-5, atol=1e-5)
+
+
 def test_a_narrow_product_does_not_turn_data_tiling_on_unless_the_weights_are_frozen():
     """One row (a decode step) packs as much weight per call as it multiplies; frozen weights are packed at load."""
     from topos.dialect.compiled import largest_matmul, module_flags
