@@ -468,10 +468,10 @@ def _erf_derivative(x: ir.Value) -> ir.Value:
 def _scaled(x: ir.Value) -> tuple[ir.Value, float] | None:
     """(y, c) when ``x`` is ``y * c`` for a float32/float64 splat constant c whose double is finite.
 
-    Doubling and halving are exact, so (y * 2c) * 0.5 equals y * c wherever
-    y * c is a normal number or overflows; where it is subnormal the two may
-    differ in the last place, and erf_derivative's square rounds both to 0:
-    erf_derivative's bits are the same either way.
+    Doubling and halving are exact, so (y * 2c) * 0.5 equals y * c but where
+    y * c is subnormal (the two may differ in the last place; the square
+    rounds both to 0) or beyond half the largest float (y * 2c overflows;
+    both squares overflow): erf_derivative's bits are the same everywhere.
     """
     owner = _producer(x, "stablehlo.multiply")
     if owner is None or not isinstance(_element(x), (ir.F32Type, ir.F64Type)):
