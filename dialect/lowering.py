@@ -474,16 +474,15 @@ def _scaled(x: ir.Value) -> tuple[ir.Value, float] | None:
     both squares overflow): erf_derivative's bits are the same everywhere.
     """
     owner = _producer(x, "stablehlo.multiply")
-    if owner is None or not isinstance(_element(x), (ir.F32Type, ir.F64Type)):
+    element = _element(x)
+    if owner is None or not isinstance(element, (ir.F32Type, ir.F64Type)):
         return None
+    largest = float(ml_dtypes.finfo(registered_element(element).dtype).max)
     for k in (0, 1):
         constant = _producer(owner.operands[k], "stablehlo.constant")
-        if constant is None:
-            continue
-        value = ir.DenseElementsAttr(constant.attributes["value"])
-        if value.is_splat:
+        value = None if constant is None else ir.DenseElementsAttr(constant.attributes["value"])
+        if value is not None and value.is_splat:
             c = ir.FloatAttr(value.get_splat_value()).value
-            largest = float(np.finfo(np.float32 if isinstance(_element(x), ir.F32Type) else np.float64).max)
             return (owner.operands[1 - k], c) if math.isfinite(c) and abs(2.0 * c) <= largest else None
     return None
 
