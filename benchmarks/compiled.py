@@ -233,7 +233,8 @@ def module_runners(compiled, workload: Workload) -> dict[str, Runner]:
 
     function = compiled._load()
     state = compiled.resident(workload.parameters)
-    host = compiled._arguments(None, workload.feeds, resident=state)
+    storage = compiled._storage_arguments()  # the module's transient storage, passed first
+    host = [*storage, *compiled._arguments(None, workload.feeds, resident=state)]
     device = [a if not isinstance(a, np.ndarray) else rt.asdevicearray(compiled._device, a) for a in host]
     # Diagnostic runners are timed only; their ``first`` is never called.
     return {"module, host batch": Runner(lambda: function(*host), lambda: None),

@@ -103,7 +103,8 @@ def device_arguments(compiled, network, feeds: dict) -> list:
 def invoker_runner(compiled, arguments: list) -> Runner:
     """The module through iree.runtime's FunctionInvoker, on device arguments."""
     function = compiled._load()
-    return Runner(lambda: function(*arguments), lambda: None)
+    storage = compiled._storage_arguments()  # the module's transient storage, passed first
+    return Runner(lambda: function(*storage, *arguments), lambda: None)
 
 
 def module_floor(compiled, arguments: list) -> Runner:
@@ -111,8 +112,9 @@ def module_floor(compiled, arguments: list) -> Runner:
     import iree.runtime as rt
 
     vm_function, context = compiled._load().vm_function, compiled._context
-    listed = rt.VmVariantList(len(arguments))
-    for array in arguments:
+    arrays = [*compiled._storage_arguments(), *arguments]  # the module's transient storage first
+    listed = rt.VmVariantList(len(arrays))
+    for array in arrays:
         listed.push_ref(array._buffer_view.ref)
     invoke, results = context.vm_context.invoke, len(compiled.results)
     return Runner(lambda: invoke(vm_function, listed, rt.VmVariantList(results)), lambda: None)
@@ -123,10 +125,12 @@ def chained_module(compiled, network, feeds: dict, updates) -> Runner:
     import iree.runtime as rt
 
     vm_function, context, device = compiled._load().vm_function, compiled._context, compiled._device
-    refs = [array._buffer_view.ref for array in device_arguments(compiled, network, feeds)]
+    storage = compiled._storage_arguments()  # the module's transient storage, passed first
+    refs = [array._buffer_view.ref for array in (*storage, *device_arguments(compiled, network, feeds))]
     inputs = _host_inputs(compiled, network, feeds)
-    uploads = [(k, array, rt.array_interop.map_dtype_to_element_type(array.dtype)) for k, array in inputs.items()]
-    slot = {i: k for k, i in enumerate(compiled.arguments)}
+    uploads = [(k + len(storage), array, rt.array_interop.map_dtype_to_element_type(array.dtype))
+               for k, array in inputs.items()]
+    slot = {i: k + len(storage) for k, i in enumerate(compiled.arguments)}
     moves = [(slot[parameter], position) for parameter, position in compiled._update_positions(updates)]
     allocate, invoke, results = device.allocator.allocate_buffer_copy, context.vm_context.invoke, len(compiled.results)
     memory, usage = int(rt.MemoryType.DEVICE_LOCAL), int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)

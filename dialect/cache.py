@@ -70,14 +70,16 @@ def code_digest() -> str:
 _PACKAGE_ROOTS = (Path(__file__).resolve().parents[1] / "topos", Path(__file__).resolve().parent)
 
 
-def plan_key(plan, target: str, flags, compiler_version: str, frozen: bool = False) -> str:
+def plan_key(plan, target: str, flags, compiler_version: str, frozen: bool = False,
+             transients: bool = False) -> str:
     """The cache key of ``plan``'s module, known before lowering: its digest, topos's code, target, flags.
 
     ``frozen``: the module reads its parameters as globals (``compile(frozen=...)``), another
     module than the one taking them as arguments; their values are not in it, so not in the key.
+    ``transients``: its first argument is the storage of its transients (``with_transient_storage``).
     """
-    return key(f"plan {plan.digest()} code {code_digest()}{' frozen' if frozen else ''}", target, flags,
-               compiler_version)
+    kinds = f"{' frozen' if frozen else ''}{' transients' if transients else ''}"
+    return key(f"plan {plan.digest()} code {code_digest()}{kinds}", target, flags, compiler_version)
 
 
 def _digest(entry_key: str, payload: bytes) -> bytes:

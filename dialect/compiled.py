@@ -315,10 +315,11 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     timings: dict[str, float] = {}
     started = time.perf_counter()
     flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver, frozen=freezing)
+    transients = (driver or chosen.driver) in TRANSIENT_STORAGE_DRIVERS
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
-        entry_key = plan_key(plan, chosen.name, flags, toolchain_version(), frozen=freezing)
+        entry_key = plan_key(plan, chosen.name, flags, toolchain_version(), frozen=freezing, transients=transients)
         vmfb = _cached_module(store, entry_key)
     if vmfb is not None and store is not None and entry_key is not None:
         timings["cache-hit"] = time.perf_counter() - started
@@ -326,7 +327,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True,
                                 frozen=frozen_values)
         compiled.cache_key = entry_key
-        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, freezing)
+        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, freezing, transients)
         return compiled
     text, located, stage_times = lowered(plan, freezing)
     if rewrite is not None:
@@ -338,7 +339,8 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
     began = time.perf_counter()
-    vmfb = _compile(located, flags)  # located: IREE's diagnostics name the user's line
+    # located: IREE's diagnostics name the user's line
+    vmfb = _compile(with_transient_storage(located) if transients else located, flags)
     if store is not None and entry_key is not None:
         store.store(entry_key, vmfb)
     timings["iree-compile"] = time.perf_counter() - began
@@ -380,13 +382,45 @@ def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
     return text, located, times
 
 
-def _rebuilder(store: CompileCache, entry_key: str, plan, flags, frozen: bool) -> Callable[[], bytes]:
+# On local-task a call's transient values (packed weights, activations a backward reads, ...)
+# live in a buffer the CompiledPlan passes in (IREE's ``iree.abi.transients``), not in ones the
+# queue allocates and frees around every call. IREE 3.13's local-task serves an allocation above
+# 64 MiB from a pass-through pool, so GPT-2 124M's forward mapped and faulted in the 154 MB packed
+# copy of its tied embedding on every call (282 against 241 ms a call with storage, bitwise the
+# same), and the queue's alloca and dealloca cost a small step more than the step (makemore's MLP
+# 0.453 against 0.321 ms). On local-sync the caching allocator already reuses transients, and
+# the module with storage ran 2-15% slower on the small models (each dispatch slower in IREE's
+# profile), so local-sync keeps IREE's allocation; so do the GPU drivers (not measured).
+# docs/performance.md, "Transient storage on local-task".
+TRANSIENT_STORAGE_DRIVERS = frozenset({"local-task"})
+TRANSIENT_STORAGE = "%transients: !hal.buffer_view {iree.abi.transients}"
+TRANSIENT_SIZE = "iree.abi.transients.size.constant"  # reflection: the bytes a call needs (shapes are static)
+
+
+def with_transient_storage(located: str) -> str:
+    """``located`` with IREE's transient storage as ``@main``'s first argument (what ``compile`` builds).
+
+    First, so that the rewrite is one textual insertion whatever the other
+    arguments' types and locations hold. ``plan.export`` does not add it: a
+    deployed module allocates its own transients, and ``iree-run-module``
+    feeds it as it is.
+    """
+    head = "func.func @main("
+    if located.count(head) != 1:  # emission writes exactly one, freeze keeps it
+        raise ValueError(f"the StableHLO has {located.count(head)} '{head}' heads, expected one")
+    start = located.index(head) + len(head)
+    separator = "" if located.startswith(")", start) else ", "
+    return f"{located[:start]}{TRANSIENT_STORAGE}{separator}{located[start:]}"
+
+
+def _rebuilder(store: CompileCache, entry_key: str, plan, flags, frozen: bool,
+               transients: bool) -> Callable[[], bytes]:
     """For a cache hit the device refuses: evict the entry, lower and compile afresh, store the new module."""
 
     def rebuild() -> bytes:
         store.evict(entry_key)
         _, located, _ = lowered(plan, frozen)
-        fresh = _compile(located, flags)
+        fresh = _compile(with_transient_storage(located) if transients else located, flags)
         store.store(entry_key, fresh)
         return fresh
 
@@ -449,7 +483,10 @@ if frozen:  # a frozen module's globals: zeros of each one's size, served as its
     context.add_vm_module(rt.create_io_parameters_module(context.instance, index.create_provider(scope=sys.argv[3])))
 module = rt.VmModule.copy_buffer(context.instance, (folder / "module.vmfb").read_bytes())
 context.add_vm_module(module)
-context.modules[module.name]["main"](*[np.zeros(shape, np.dtype(dtype)) for shape, dtype in arguments])
+main = context.modules[module.name]["main"]
+size = main.vm_function.reflection.get("iree.abi.transients.size.constant")  # compiled.TRANSIENT_SIZE
+storage = [] if size is None else [np.empty(int(size), np.uint8)]
+main(*storage, *[np.zeros(shape, np.dtype(dtype)) for shape, dtype in arguments])
 """
 
 
@@ -539,6 +576,21 @@ class CompiledPlan:
             self._context, self._device, self._function = context, config.device, function
             self._invoker = _Invoker(context.vm_context, config.device, function.vm_function, self)
         return self._function
+
+    def _storage_arguments(self) -> tuple:
+        """What to pass before the arguments when calling ``_load()``'s FunctionInvoker (benchmarks, tests).
+
+        A DeviceArray of fresh transient storage for a module compiled with
+        it, else nothing; ``forward`` and ``step`` manage their own.
+        """
+        import iree.runtime as rt
+
+        self._load()
+        invoker = self._invoker
+        assert invoker is not None  # _load made it
+        if invoker._storage_bytes is None:
+            return ()
+        return (rt.DeviceArray(self._device, invoker.new_storage(), implicit_host_transfer=True),)
 
     def _register(self, config):
         import iree.runtime as rt
@@ -918,6 +970,12 @@ class _Invoker:
     device copy, and results become DeviceArrays only when read. Our
     modules carry no ``iree.abi`` reflection, so FunctionInvoker runs them
     in its dynamic mode: the same element types, no dtype overrides.
+
+    A module compiled with transient storage (``with_transient_storage``)
+    takes a buffer of ``TRANSIENT_SIZE`` bytes first. Each call takes one
+    from the spares, or allocates one when every spare is in use by a call
+    on another thread, and puts it back when the module returns: one
+    storage per call in flight at once, kept as long as the plan.
     """
 
     def __init__(self, vm_context, device, vm_function, compiled: CompiledPlan):
@@ -938,33 +996,59 @@ class _Invoker:
         self._results = len(compiled.results)
         # Per argument: the Python float fed last and its device copy (floats are immutable: `is` is the test).
         self._numbers: list[tuple] = [(None, None)] * len(self._dtypes)
+        size = vm_function.reflection.get(TRANSIENT_SIZE)
+        self._storage_bytes = None if size is None else int(size)
+        self._spare: list = []  # transient storages no call is using (list.pop and append are atomic)
 
     def __call__(self, values: list) -> _Results:
-        return self._invoked(self._list(len(values)), values, 0)
+        arguments, storage = self._begun(len(values))
+        return self._invoked(arguments, storage, values, 0)
 
     def resumed(self, sources: dict, parameters: tuple, values: list) -> _Results:
         """A training step's call: each parameter's device buffer pushed from the results holding it,
         then the inputs of ``values`` (the parameters are the first arguments, ``values`` has a slot each)."""
-        arguments = self._list(len(values))
+        arguments, storage = self._begun(len(values))
         push = arguments.push_ref
         for i in parameters:
             results, position = sources[i]
             push(results._list.get_as_ref(position))
-        return self._invoked(arguments, values, len(parameters))
+        return self._invoked(arguments, storage, values, len(parameters))
 
-    def _invoked(self, arguments, values: list, first: int) -> _Results:
+    def _begun(self, count: int) -> tuple:
+        """(the argument list of a call, its transient storage already pushed first, or None)."""
+        if self._storage_bytes is None:
+            return self._list(count), None
+        arguments = self._list(count + 1)
+        try:
+            storage = self._spare.pop()
+        except IndexError:  # every storage is in a call on another thread, or this is the first call
+            storage = self.new_storage()
+        arguments.push_ref(storage.ref)
+        return arguments, storage
+
+    def new_storage(self):
+        """A HalBufferView of the module's transient bytes (its contents do not matter: IREE writes before reading)."""
+        assert self._storage_bytes is not None  # only a module with transient storage asks
+        host = np.empty(self._storage_bytes, np.uint8)
+        return self._allocate(self._memory, self._usage, self._device, host, self._element_type(host.dtype))
+
+    def _invoked(self, arguments, storage, values: list, first: int) -> _Results:
         push, ref = arguments.push_ref, self._ref
-        for k in range(first, len(values)):
-            value = values[k]
-            kind = type(value)
-            if kind is ref:
-                push(value)
-            elif kind is float:
-                push(self._number(k, value))
-            else:
-                push(self._upload(k, value))
-        results = self._list(self._results)
-        self._invoke(self._function, arguments, results)
+        try:
+            for k in range(first, len(values)):
+                value = values[k]
+                kind = type(value)
+                if kind is ref:
+                    push(value)
+                elif kind is float:
+                    push(self._number(k, value))
+                else:
+                    push(self._upload(k, value))
+            results = self._list(self._results)
+            self._invoke(self._function, arguments, results)
+        finally:
+            if storage is not None:  # the call is over (our modules are synchronous): the next may use it
+                self._spare.append(storage)
         return _Results(results, self._device)
 
     def _upload(self, k: int, array: np.ndarray):

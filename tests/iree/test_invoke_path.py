@@ -35,6 +35,7 @@ class FunctionInvokerSteps:
     def __init__(self, compiled, parameters):
         self.compiled = compiled
         self.function = compiled._load()  # iree.runtime's FunctionInvoker of @main
+        self.storage = compiled._storage_arguments()  # the module's transient storage, passed first
         network = compiled.plan.network
         self.arrays = {i: parameters[network.symbol(i)] for i in compiled._parameters}
 
@@ -43,7 +44,7 @@ class FunctionInvokerSteps:
         fed = bind_feeds(network, feeds, freeze=False)
         arguments = [self.arrays[i] if is_parameter else source_value(network, i, {}, fed)
                      for i, is_parameter in self.compiled._argument_kinds]
-        outputs = self.function(*arguments)
+        outputs = self.function(*self.storage, *arguments)
         return outputs if isinstance(outputs, tuple) else (outputs,)
 
     def step(self, feeds, updates) -> tuple:

@@ -1,0 +1,150 @@
+"""Transient storage on local-task: a module's transients live in buffers the CompiledPlan passes in and reuses.
+
+``compile(driver="local-task")`` adds IREE's ``iree.abi.transients``
+argument to ``@main`` (``with_transient_storage``); each call takes a spare
+storage and gives it back, so calls one after another reuse one buffer and
+calls on several threads at once each get their own. What a call hands out
+never lives in that storage. local-sync modules and exports allocate their
+own transients.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import topos.nn.functional as F
+from topos import Tape, nn
+from topos.dialect.compiled import TRANSIENT_SIZE, TRANSIENT_STORAGE, with_transient_storage
+
+from iree_support import batch_feeds, mlp_step
+
+THREADS = 8
+
+
+def _step(width: int = 512):
+    """A training step whose transients (activations the backward reads, gradients) are half a megabyte."""
+
+    def record(tape):
+        model = nn.Mlp([64, width, width, 10])
+        loss = F.cross_entropy(model(tape.input(shape=(64, 64), name="x")),
+                               tape.input(shape=(64,), extent=10, name="labels"))
+        return loss, tape.differentiate(loss, model.parameters())
+
+    network, (loss, adjoints) = Tape.record(record)
+    return network, loss, adjoints
+
+
+def _feeds(k: int) -> dict:
+    rng = np.random.default_rng(k)
+    return {"x": rng.standard_normal((64, 64)).astype(np.float32), "labels": rng.integers(0, 10, 64)}
+
+
+def test_the_rewrite_puts_the_storage_first_and_keeps_the_rest_of_the_text():
+    text = 'func.func @main(%arg0: tensor<2xf32> loc("%0 input x")) -> tensor<2xf32> {\n'
+    assert with_transient_storage(text) == (
+        f'func.func @main({TRANSIENT_STORAGE}, %arg0: tensor<2xf32> loc("%0 input x")) -> tensor<2xf32> {{\n')
+    assert with_transient_storage("func.func @main() -> tensor<f32>") == (
+        f"func.func @main({TRANSIENT_STORAGE}) -> tensor<f32>")
+    with pytest.raises(ValueError, match="expected one"):
+        with_transient_storage("func.func @other(%arg0: tensor<f32>)")
+
+
+def test_calls_one_after_another_reuse_one_storage_and_give_the_oracles_results():
+    network, loss, adjoints = _step()
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    parameters = network.parameters()
+    for k in range(3):
+        run = compiled.forward(parameters, _feeds(k))
+        np.testing.assert_allclose(run[loss], network.forward(parameters, _feeds(k))[loss], rtol=1e-5)
+    invoker = compiled._invoker
+    assert invoker._storage_bytes == int(compiled._load().vm_function.reflection[TRANSIENT_SIZE]) > 0
+    assert len(invoker._spare) == 1  # one buffer served all three calls
+
+
+def test_what_a_call_hands_out_is_not_overwritten_by_later_calls():
+    network, loss, adjoints = _step()
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    parameters = network.parameters()
+    expected = [network.forward(parameters, _feeds(k)) for k in range(2)]
+    first = compiled.forward(parameters, _feeds(0))  # read only after the second call ran
+    second = compiled.forward(parameters, _feeds(1))
+    for run, want in ((first, expected[0]), (second, expected[1])):
+        for symbol in adjoints.roots():
+            np.testing.assert_allclose(run[symbol], want[symbol], rtol=1e-4, atol=1e-6)
+
+
+def test_a_call_begun_while_another_is_in_flight_takes_another_storage():
+    network, _, adjoints = _step(64)
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    compiled._load()
+    invoker = compiled._invoker
+    (_, first), (_, second) = invoker._begun(3), invoker._begun(3)  # two calls in flight, neither returned
+    assert first is not second and invoker._spare == []
+    invoker._spare.extend([first, second])  # what each call does when the module returns
+    _, third = invoker._begun(3)
+    assert third is second and invoker._spare == [first]  # the most recently returned, no new buffer
+
+
+def test_threads_calling_one_plan_at_once_get_the_serial_bits():
+    """Calls from eight threads through the storage path (local-task's queue runs them one after another)."""
+    network, _, adjoints = _step()
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+
+    def work(k):
+        table = network.parameters().map(lambda a: (a * (1 + 0.1 * k)).astype(a.dtype))
+        return [[compiled.forward(table, _feeds(k))[s].tobytes() for s in adjoints.roots()] for _ in range(5)]
+
+    serial = [work(k) for k in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+
+    def together(k):
+        barrier.wait()
+        return work(k)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        assert list(pool.map(together, range(THREADS))) == serial
+
+
+def test_training_steps_on_resident_state_match_the_module_called_without_the_invoke_path():
+    """FunctionInvoker given fresh storage each call (``_storage_arguments``) and ``step`` reusing one agree bitwise."""
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu", driver="local-task", cache=False)
+    function = compiled._load()
+    parameters = step.network.parameters()
+    state = compiled.resident(parameters)
+    arrays = {i: parameters[step.network.symbol(i)] for i in compiled._parameters}
+    for k in range(3):
+        feeds = batch_feeds(step, k)
+        state, run = compiled.step(state, feeds, step.updates)
+        host = compiled._arguments(parameters, feeds)  # the first parameters, replaced below by updated ones
+        arguments = [arrays.get(i, a) for i, a in zip(compiled.arguments, host)]
+        outputs = function(*compiled._storage_arguments(), *arguments)
+        for parameter, position in compiled._update_positions(step.updates):
+            arrays[parameter] = outputs[position]
+        assert run[step.loss].tobytes() == np.asarray(outputs[compiled.results.index(step.loss.index)]).tobytes()
+    assert len(compiled._invoker._spare) == 1
+
+
+def test_a_local_sync_module_and_an_export_allocate_their_own_transients(tmp_path):
+    import iree.runtime as rt
+
+    network, loss, adjoints = _step(64)
+    plan = network.entry([loss]).lower()
+    plan.export(tmp_path / "artifact", "llvm-cpu", parameters=network.parameters(), feeds=_feeds(0))
+    module = rt.VmModule.copy_buffer(rt.VmInstance(), (tmp_path / "artifact" / "module.vmfb").read_bytes())
+    assert TRANSIENT_SIZE not in module.lookup_function("main").reflection  # iree-run-module feeds it as it is
+    assert TRANSIENT_SIZE not in plan.compile("llvm-cpu", cache=False)._load().vm_function.reflection
+    assert TRANSIENT_SIZE in plan.compile("llvm-cpu", driver="local-task", cache=False)._load().vm_function.reflection
+
+
+def test_a_local_task_module_is_cached_apart_from_the_local_sync_one(tmp_path):
+    network, loss, adjoints = _step(64)
+    plan = network.entry([loss]).lower()
+    task = plan.compile("llvm-cpu", driver="local-task", cache=tmp_path)
+    sync = plan.compile("llvm-cpu", cache=tmp_path)
+    assert not sync.cache_hit and task.cache_key != sync.cache_key
+    assert plan.compile("llvm-cpu", driver="local-task", cache=tmp_path).cache_hit
