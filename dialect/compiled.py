@@ -530,7 +530,11 @@ class CompiledPlan:
 
     @property
     def stablehlo(self) -> str:
-        """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it)."""
+        """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it).
+
+        Without the transient storage argument a ``local-task`` module's ``@main`` also takes
+        (``with_transient_storage``): that is IREE's, not StableHLO.
+        """
         if self._stablehlo is None:
             self._stablehlo = lowered(self.plan, True)[0] if self._frozen is not None else self.plan.emit_stablehlo()
         return self._stablehlo
