@@ -148,3 +148,16 @@ def test_a_local_task_module_is_cached_apart_from_the_local_sync_one(tmp_path):
     sync = plan.compile("llvm-cpu", cache=tmp_path)
     assert not sync.cache_hit and task.cache_key != sync.cache_key
     assert plan.compile("llvm-cpu", driver="local-task", cache=tmp_path).cache_hit
+
+
+def test_a_frozen_local_task_module_takes_storage_before_its_inputs_and_gives_the_sync_modules_bits():
+    network, loss, adjoints = _step(64)
+    plan = network.entry([loss, *adjoints.roots()]).lower()
+    table = network.parameters()
+    frozen = plan.compile("llvm-cpu", driver="local-task", frozen=table, cache=False)
+    plain = plan.compile("llvm-cpu", frozen=table, cache=False)  # local-sync: no storage
+    assert frozen._storage_arguments() and not plain._storage_arguments()
+    for k in range(2):
+        got, want = frozen.forward(feeds=_feeds(k)), plain.forward(feeds=_feeds(k))
+        for symbol in (loss, *adjoints.roots()):
+            np.testing.assert_array_equal(got[symbol], want[symbol])
