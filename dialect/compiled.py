@@ -862,8 +862,9 @@ class CompiledPlan:
         process, so measure one model per process to read its own peak
         (``benchmarks/memory.py`` does). On the local drivers the figures
         count the buffers the caching allocator keeps for reuse as held
-        (``device_for``). Empty when the runtime was built without
-        statistics.
+        (``device_for``), and on local-task the plan's transient storage
+        (``with_transient_storage``). Empty when the runtime was built
+        without statistics.
         """
         self._load()
         assert self._device is not None  # _load made it
