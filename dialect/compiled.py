@@ -532,8 +532,8 @@ class CompiledPlan:
     def stablehlo(self) -> str:
         """The StableHLO text this module was compiled from (a cache hit lowers the plan again to show it).
 
-        Without the transient storage argument a ``local-task`` module's ``@main`` also takes
-        (``with_transient_storage``): that is IREE's, not StableHLO.
+        A ``local-task`` module's ``@main`` also takes a transient storage argument
+        (``with_transient_storage``), which is IREE's ABI, not StableHLO: this text has none.
         """
         if self._stablehlo is None:
             self._stablehlo = lowered(self.plan, True)[0] if self._frozen is not None else self.plan.emit_stablehlo()
@@ -973,8 +973,10 @@ class _Invoker:
     packer copies one (DEVICE_LOCAL, usage DEFAULT | MAPPING, C order), a
     rank-0 input fed the same Python float object as last call reuses its
     device copy, and results become DeviceArrays only when read. Our
-    modules carry no ``iree.abi`` reflection, so FunctionInvoker runs them
-    in its dynamic mode: the same element types, no dtype overrides.
+    modules carry no ``iree.abi`` reflection entry (FunctionInvoker's typed
+    ABI; the ``iree.abi.transients.*`` entries are other keys), so
+    FunctionInvoker runs them in its dynamic mode: the same element types,
+    no dtype overrides.
 
     A module compiled with transient storage (``with_transient_storage``)
     takes a buffer of ``TRANSIENT_SIZE`` bytes first. Each call takes one
