@@ -239,7 +239,10 @@ def _describe_diagnostic(diagnostic) -> str:
     return f"{position[0]}:{position[1]}: {severity}: {diagnostic.message}{node}"
 
 
-def _compile(located: str, flags) -> bytes:
+def _compile(located: str, flags, transients: bool = False) -> bytes:
+    """The module of ``located``; ``transients``: with the transient storage argument (``with_transient_storage``)."""
+    if transients:
+        located = with_transient_storage(located)
     if compiles_in_child(flags):
         return _compile_in_child(located, flags)
     return compile_stablehlo(located, flags)
@@ -340,7 +343,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     timings.setdefault("passes", sum(v for k, v in stage_times.items() if k != "emit"))
     began = time.perf_counter()
     # located: IREE's diagnostics name the user's line
-    vmfb = _compile(with_transient_storage(located) if transients else located, flags)
+    vmfb = _compile(located, flags, transients)
     if store is not None and entry_key is not None:
         store.store(entry_key, vmfb)
     timings["iree-compile"] = time.perf_counter() - began
@@ -420,7 +423,7 @@ def _rebuilder(store: CompileCache, entry_key: str, plan, flags, frozen: bool,
     def rebuild() -> bytes:
         store.evict(entry_key)
         _, located, _ = lowered(plan, frozen)
-        fresh = _compile(with_transient_storage(located) if transients else located, flags)
+        fresh = _compile(located, flags, transients)
         store.store(entry_key, fresh)
         return fresh
 
@@ -484,7 +487,7 @@ if frozen:  # a frozen module's globals: zeros of each one's size, served as its
 module = rt.VmModule.copy_buffer(context.instance, (folder / "module.vmfb").read_bytes())
 context.add_vm_module(module)
 main = context.modules[module.name]["main"]
-size = main.vm_function.reflection.get("iree.abi.transients.size.constant")  # compiled.TRANSIENT_SIZE
+size = main.vm_function.reflection.get(sys.argv[4])  # TRANSIENT_SIZE: a local-task module's storage bytes
 storage = [] if size is None else [np.empty(int(size), np.uint8)]
 main(*storage, *[np.zeros(shape, np.dtype(dtype)) for shape, dtype in arguments])
 """
@@ -642,7 +645,7 @@ class CompiledPlan:
             (folder / "frozen.json").write_text(json.dumps(
                 [(key_of(network, i), a.nbytes) for i, a in (self._frozen or {}).items()]))
             try:
-                done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver, SCOPE],
+                done = subprocess.run([sys.executable, "-c", _TRIAL, directory, self.driver, SCOPE, TRANSIENT_SIZE],
                                       capture_output=True,
                                       text=True, env=_child_environment(), check=False)
             except OSError:

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 import topos.nn.functional as F
 from topos import Tape, nn
@@ -15,7 +16,8 @@ from iree_support import compile_cache  # noqa: F401  (fixture)
 THREADS = 8
 
 
-def test_threads_sharing_a_compiled_plan_get_the_serial_bits():
+@pytest.mark.parametrize("driver", ["local-sync", "local-task"])  # local-task: through the transient storage path
+def test_threads_sharing_a_compiled_plan_get_the_serial_bits(driver):
     def record(tape):
         model = nn.Mlp([6, 16, 3])
         loss = F.cross_entropy(model(tape.input(shape=(8, 6), name="x")),
@@ -23,7 +25,7 @@ def test_threads_sharing_a_compiled_plan_get_the_serial_bits():
         return loss, tape.differentiate(loss, model.parameters())
 
     network, (loss, adjoints) = Tape.record(record)
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu")
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver)
 
     def work(k):
         rng = np.random.default_rng(k)
@@ -33,7 +35,7 @@ def test_threads_sharing_a_compiled_plan_get_the_serial_bits():
         return [run[s].tobytes() for s in adjoints.roots()]
 
     serial = [work(k) for k in range(THREADS)]
-    fresh = network.entry(adjoints.roots()).lower().compile("llvm-cpu")  # its module loads under the race
+    fresh = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver)  # loads under the race
     compiled = fresh
     barrier = threading.Barrier(THREADS)
 

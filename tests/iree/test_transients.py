@@ -3,15 +3,13 @@
 ``compile(driver="local-task")`` adds IREE's ``iree.abi.transients``
 argument to ``@main`` (``with_transient_storage``); each call takes a spare
 storage and gives it back, so calls one after another reuse one buffer and
-calls on several threads at once each get their own. What a call hands out
+calls on several threads at once each get their own (eight threads get the
+serial bits: tests/iree/test_compiled_concurrency.py). What a call hands out
 never lives in that storage. local-sync modules and exports allocate their
 own transients.
 """
 
 from __future__ import annotations
-
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,9 +19,6 @@ from topos import Tape, nn
 from topos.dialect.compiled import TRANSIENT_SIZE, TRANSIENT_STORAGE, with_transient_storage
 
 from iree_support import batch_feeds, mlp_step
-
-THREADS = 8
-
 
 def _step(width: int = 512):
     """A training step whose transients (activations the backward reads, gradients) are half a megabyte."""
@@ -87,26 +82,6 @@ def test_a_call_begun_while_another_is_in_flight_takes_another_storage():
     invoker._spare.extend([first, second])  # what each call does when the module returns
     _, third = invoker._begun(3)
     assert third is second and invoker._spare == [first]  # the most recently returned, no new buffer
-
-
-def test_threads_calling_one_plan_at_once_get_the_serial_bits():
-    """Calls from eight threads through the storage path (local-task's queue runs them one after another)."""
-    network, _, adjoints = _step()
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
-
-    def work(k):
-        table = network.parameters().map(lambda a: (a * (1 + 0.1 * k)).astype(a.dtype))
-        return [[compiled.forward(table, _feeds(k))[s].tobytes() for s in adjoints.roots()] for _ in range(5)]
-
-    serial = [work(k) for k in range(THREADS)]
-    barrier = threading.Barrier(THREADS)
-
-    def together(k):
-        barrier.wait()
-        return work(k)
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        assert list(pool.map(together, range(THREADS))) == serial
 
 
 def test_training_steps_on_resident_state_match_the_module_called_without_the_invoke_path():
