@@ -197,18 +197,24 @@ def iree_dispatches(compiled) -> int | None:
 # ---- measuring --------------------------------------------------------------------------------------
 
 
-def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2) -> dict:
-    """name -> Timing: per-step wall and process-CPU seconds, timed in interleaved rounds after warm-up."""
+def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2,
+            alternate: bool = False) -> dict:
+    """name -> Timing: per-step wall and process-CPU seconds, timed in interleaved rounds after warm-up.
+
+    ``alternate``: every other round runs the columns in reverse order (ABBA), so that a column's
+    place in the round (caches, a worker thread still awake) does not favour it.
+    """
     for name, runner in runners.items():
         for _ in range(warmup if steps[name] > 1 else 1):
             runner.step()
     wall: dict[str, list[float]] = {name: [] for name in runners}
     cpu: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
+    order = list(runners.items())
+    for r in range(rounds):
         gc.collect()
         gc.disable()
         try:
-            for name, runner in runners.items():
+            for name, runner in (order[::-1] if alternate and r % 2 else order):
                 for _ in range(steps[name]):
                     began, began_cpu = time.perf_counter(), time.process_time()
                     runner.step()
@@ -251,25 +257,28 @@ def standalone_module(stablehlo: str, flags, arguments) -> Runner:
     return module_runner(compile_stablehlo(stablehlo, flags), arguments)
 
 
-def module_runner(vmfb: bytes, arguments) -> Runner:
-    """A compiled module in its own local-sync context, called on device copies of ``arguments``.
+def module_runner(vmfb: bytes, arguments, driver: str = "local-sync") -> Runner:
+    """A compiled module in its own context on ``driver``, called on device copies of ``arguments``.
 
-    The context runs on topos's own local-sync device (``device_for``: IREE's
-    caching allocator), so a module's transient buffers are reused from call
-    to call as in ``compiled.step``; on a fresh allocator each call would
-    fault them in again, which weighs most on data-tiled modules (their
-    packed copies).
+    The context runs on topos's own device for the driver (``device_for``:
+    IREE's caching allocator), so a module's transient buffers are reused
+    from call to call as in ``compiled.step``; on a fresh allocator each call
+    would fault them in again, which weighs most on data-tiled modules
+    (their packed copies). A module that takes transient storage
+    (``with_transient_storage``) gets one buffer of the size it reports, first.
     """
     import iree.runtime as rt
 
-    from topos.dialect.compiled import device_for
+    from topos.dialect.compiled import TRANSIENT_SIZE, device_for
 
-    config = rt.Config(device=device_for("local-sync"))
+    config = rt.Config(device=device_for(driver))
     context = rt.SystemContext(config=config)
     module = rt.VmModule.copy_buffer(context.instance, vmfb)
     context.add_vm_module(module)
     function = context.modules[module.name]["main"]
-    on_device = [rt.asdevicearray(config.device, np.asarray(a)) for a in arguments]
+    size = function.vm_function.reflection.get(TRANSIENT_SIZE)
+    storage = [] if size is None else [np.empty(int(size), np.uint8)]
+    on_device = [rt.asdevicearray(config.device, np.asarray(a)) for a in [*storage, *arguments]]
     return Runner(lambda: function(*on_device), lambda: None)
 
 

@@ -389,12 +389,12 @@ def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
 # live in a buffer the CompiledPlan passes in (IREE's ``iree.abi.transients``), not in ones the
 # queue allocates and frees around every call. IREE 3.13's local-task serves an allocation above
 # 64 MiB from a pass-through pool, so GPT-2 124M's forward mapped and faulted in the 154 MB packed
-# copy of its tied embedding on every call (282 against 241 ms a call with storage, bitwise the
-# same), and the queue's alloca and dealloca cost a small step more than the step (makemore's MLP
-# 0.453 against 0.321 ms). On local-sync the caching allocator already reuses transients, and
-# the module with storage ran 2-15% slower on the small models (each dispatch slower in IREE's
-# profile), so local-sync keeps IREE's allocation; so do the GPU drivers (not measured).
-# docs/performance.md, "Transient storage on local-task".
+# copy of its tied embedding on every call: 303-311 against 252 ms a call with storage, bitwise
+# the same. Models whose transients fit the pools ran level to 10% slower with it; IREE reports
+# the size only after compiling, so every local-task module takes storage. On local-sync the
+# caching allocator already reuses transients and storage ran up to 7% slower, so local-sync
+# keeps IREE's allocation; so do the GPU drivers (not measured). benchmarks/transients.py,
+# docs/performance.md "Transient storage on local-task".
 TRANSIENT_STORAGE_DRIVERS = frozenset({"local-task"})
 TRANSIENT_STORAGE = "%transients: !hal.buffer_view {iree.abi.transients}"
 TRANSIENT_SIZE = "iree.abi.transients.size.constant"  # reflection: the bytes a call needs (shapes are static)

@@ -1,0 +1,93 @@
+"""Transient storage, measured: each model's module with IREE's own allocation and with caller-provided storage.
+
+A module compiled for ``local-task`` takes a buffer for its transient
+values as its first argument (``topos.dialect.compiled.with_transient_storage``,
+IREE's ``iree.abi.transients``); ``local-sync`` modules allocate their own.
+This script is the evidence for that choice. Each model of ``_zoo.py``
+is lowered once and its StableHLO compiled twice under topos's flags for
+the driver: as it is, and with the storage argument. Both modules are
+called on the same device-resident arguments in interleaved rounds (ABBA
+order), on
+``local-task`` (both cores, the default) or ``--driver local-sync`` (one
+pinned core). Printed: median ms per call (wall on local-task, process
+CPU on local-sync), the ratio (below 1: storage is faster) and whether
+the two modules' first results are bitwise the same. Nothing is asserted.
+
+Run: python benchmarks/transients.py [--driver local-task|local-sync] [--rounds N] [--models mlp-s,gpt,...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DRIVER = "local-sync" if "local-sync" in sys.argv else "local-task"
+ALL_CPUS = os.sched_getaffinity(0)
+if DRIVER == "local-sync":
+    # Before NumPy loads: its thread pools are sized then.
+    PINNED_CPU = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {PINNED_CPU})
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import cpu_model, table, versions  # noqa: E402
+from _zoo import MODELS, build, too_large  # noqa: E402
+from compiled import measure, module_runner  # noqa: E402
+
+if DRIVER == "local-task":
+    os.sched_setaffinity(0, ALL_CPUS)  # compiled.py pins the process to one CPU when it loads; local-task needs all
+
+from topos.dialect.compiled import compile_stablehlo, with_transient_storage  # noqa: E402
+
+PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
+             "gpt2-124m-forward": 1}
+VARIANTS = ("IREE's allocation", "transient storage")
+
+
+def _host(outputs) -> list[np.ndarray]:
+    return [np.asarray(o) for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--driver", default="local-task", choices=("local-task", "local-sync"))
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    args = parser.parse_args()
+    where = "both cores" if args.driver == "local-task" else f"pinned to CPU {PINNED_CPU}"
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; IREE {args.driver}, {where}")
+    print(f"versions: {versions()}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
+    rows = []
+    for key in [m for m in args.models.split(",") if m]:
+        if (reason := too_large(key)) is not None:
+            print(reason, flush=True)
+            continue
+        model = build(key)
+        compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", args.driver, cache=False)
+        text, flags = compiled.stablehlo, list(compiled.flags)  # the StableHLO without the storage argument
+        arguments = compiled._arguments(model.parameters, model.feeds(0))
+        runners = {"IREE's allocation": module_runner(compile_stablehlo(text, flags), arguments, args.driver),
+                   "transient storage": module_runner(compile_stablehlo(with_transient_storage(text), flags),
+                                                      arguments, args.driver)}
+        first = {name: _host(runner.step()) for name, runner in runners.items()}
+        same = all(a.tobytes() == b.tobytes() for a, b in zip(*first.values()))
+        timing = measure(runners, dict.fromkeys(runners, PER_ROUND[key]), args.rounds, alternate=True)
+        ms = {name: (t.wall if args.driver == "local-task" else t.cpu) * 1e3 for name, t in timing.items()}
+        rows.append([model.name, *(f"{ms[name]:.3f}" for name in VARIANTS),
+                     f"{ms['transient storage'] / ms[VARIANTS[0]]:.2f}", "yes" if same else "NO"])
+        print(f"{key}: done", flush=True)
+        del runners, compiled
+    clock = "wall" if args.driver == "local-task" else "process CPU"
+    print(f"\nmodule alone, arguments on the device: median {clock} ms per call; ratio = storage / IREE's allocation\n")
+    print(table(["model", *VARIANTS, "ratio", "same bits"], rows))
+    print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
