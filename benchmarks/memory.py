@@ -41,13 +41,13 @@ def measure(key: str) -> dict:
     import numpy as np
     from _zoo import build, jax_step
 
-    from topos.plan.plan import _nbytes  # the plan's own byte count (a selection's indices are int64)
+    from topos.plan.plan import spec_bytes  # the plan's own byte count (a selection's indices are int64)
 
     model = build(key)
     network = model.network
     plan = network.entry(model.roots).lower()
     compiled = plan.compile("llvm-cpu")
-    sources = sum(_nbytes(network._specs[n]) for n in plan.schedule if network._opcodes[n].name in SOURCES)
+    sources = sum(spec_bytes(network._specs[n]) for n in plan.schedule if network._opcodes[n].name in SOURCES)
     state = compiled.resident(model.parameters)
     for k in range(3):
         state, run = compiled.step(state, model.feeds(k), model.updates)

@@ -37,11 +37,13 @@ from topos.copies import own
 from topos.element import Selection, SelectionType, convert
 from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
+from topos.plan.plan import spec_bytes
 from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
 from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
 from .targets import (
+    DATA_TILING_FLAGS,
     DATA_TILING_THRESHOLD,
     PROCESS_WIDE_OPTIONS,
     SAFE_CPUS,
@@ -291,7 +293,8 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
-                 data_tiling: bool | None = None, rewrite=None, frozen=None) -> CompiledPlan:
+                 data_tiling: bool | None = None, rewrite=None, frozen=None,
+                 transient_storage: bool | None = None) -> CompiledPlan:
     """Lower ``plan`` to StableHLO and compile it with IREE -> CompiledPlan.
 
     ``cpu`` (llvm-cpu): "host" (this machine, the default), "generic", or
@@ -307,6 +310,9 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     becomes a module global holding that (immutable) table's value
     (``topos.dialect.freeze``); ``forward(feeds=...)`` then takes the
     inputs alone, and IREE packs data-tiled weights once, at load, not per call.
+    ``transient_storage`` (local-task): whether a call's transients live in a
+    buffer the CompiledPlan keeps (``with_transient_storage``); None decides
+    by size — on when ``transient_estimate`` reaches ``TRANSIENT_STORAGE_FROM``.
     """
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
@@ -318,7 +324,7 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     timings: dict[str, float] = {}
     started = time.perf_counter()
     flags = module_flags(plan, chosen, cpu, data_tiling, driver=driver, frozen=freezing)
-    transients = (driver or chosen.driver) in TRANSIENT_STORAGE_DRIVERS
+    transients = uses_transient_storage(plan, driver or chosen.driver, flags, freezing, transient_storage)
     entry_key, vmfb = None, None
     if store is not None and rewrite is None:
         # Keyed on the plan's digest, known before any lowering: a hit costs a hash and a file read.
@@ -385,19 +391,56 @@ def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
     return text, located, times
 
 
-# On local-task a call's transient values (packed weights, activations a backward reads, ...)
-# live in a buffer the CompiledPlan passes in (IREE's ``iree.abi.transients``), not in ones the
-# queue allocates and frees around every call. IREE 3.13's local-task serves an allocation above
-# 64 MiB from a pass-through pool, so GPT-2 124M's forward mapped and faulted in the 154 MB packed
-# copy of its tied embedding on every call: 303-311 against 252 ms a call with storage, bitwise
-# the same. Models whose transients fit the pools ran level to 10% slower with it; IREE reports
-# the size only after compiling, so every local-task module takes storage. On local-sync the
-# caching allocator already reuses transients and storage ran up to 7% slower, so local-sync
-# keeps IREE's allocation; so do the GPU drivers (not measured). benchmarks/transients.py,
-# docs/performance.md "Transient storage on local-task".
+# A local-task module whose transients (packed weights, activations a backward reads, ...)
+# outgrow IREE's pools keeps them in a buffer the CompiledPlan passes in (IREE's
+# ``iree.abi.transients``), not in one the queue allocates and frees around every call. IREE
+# 3.13's local-task pools allocations up to 64 MiB and serves larger ones from a pass-through
+# pool, so GPT-2 124M's forward mapped and faulted in the 154 MB packed copy of its tied
+# embedding on every call: 303-311 against 252 ms a call with storage, bitwise the same. Models
+# whose transients fit the pools ran 3-9% slower with it (medians of seven A/B runs), so
+# only those estimated to outgrow them take it; IREE reports the true size only after compiling.
+# On local-sync the caching allocator already reuses transients and storage ran up to 7%
+# slower, so local-sync keeps IREE's allocation; so do the GPU drivers (not measured).
+# benchmarks/transients.py, docs/performance.md "Transient storage on local-task".
 TRANSIENT_STORAGE_DRIVERS = frozenset({"local-task"})
 TRANSIENT_STORAGE = "%transients: !hal.buffer_view {iree.abi.transients}"
 TRANSIENT_SIZE = "iree.abi.transients.size.constant"  # reflection: the bytes a call needs (shapes are static)
+# Half the 64 MiB pool: the estimate ran from 2.4x under IREE's figure (the LeNet step: 6.0
+# against 14.2 MiB) to 1.3x over (GPT-2 124M: 196 against 148 MiB), and the seven benchmark
+# models fall far from it either way (at most 20 MiB, or 196).
+TRANSIENT_STORAGE_FROM = 32 * 2**20
+
+
+def transient_estimate(plan, data_tiled: bool, frozen: bool) -> int:
+    """Bytes a call of ``plan``'s module may hold as transients, read off the plan before lowering.
+
+    The plan's peak of live computed values, plus, when data tiling packs
+    operands into tiles on every call, a packed copy of its largest matmul
+    operand (a frozen module's parameters are packed once, at load).
+    """
+    network, largest = plan.network, 0
+    if data_tiled:
+        for n in plan.schedule:
+            if network._opcodes[n].name == "matmul":
+                for j in network._operands[n]:
+                    if not (frozen and network._opcodes[j].name == "parameter"):
+                        largest = max(largest, spec_bytes(network._specs[j]))
+    return plan.peak()[0] + largest
+
+
+def uses_transient_storage(plan, driver: str, flags, frozen: bool, chosen: bool | None) -> bool:
+    """Whether ``plan``'s module for ``driver`` takes transient storage: ``chosen`` (compile's
+    ``transient_storage``), or by ``transient_estimate`` when None."""
+    if driver not in TRANSIENT_STORAGE_DRIVERS:
+        if chosen:
+            raise TargetError(f"transient_storage=True needs a driver of {sorted(TRANSIENT_STORAGE_DRIVERS)}, "
+                              f"not {driver!r}: {driver} allocates a call's transients itself; "
+                              f"compile with driver='local-task' or leave transient_storage unset")
+        return False
+    if chosen is not None:
+        return bool(chosen)
+    data_tiled = DATA_TILING_FLAGS[0] in flags
+    return transient_estimate(plan, data_tiled, frozen) >= TRANSIENT_STORAGE_FROM
 
 
 def with_transient_storage(located: str) -> str:
@@ -409,8 +452,9 @@ def with_transient_storage(located: str) -> str:
     feeds it as it is.
     """
     head = "func.func @main("
-    if located.count(head) != 1:  # emission writes exactly one, freeze keeps it
-        raise ValueError(f"the StableHLO has {located.count(head)} '{head}' heads, expected one")
+    if located.count(head) != 1:  # emission writes exactly one and freeze keeps it: a rewrite changed that
+        raise CompileError(f"the StableHLO has {located.count(head)} '{head}' heads, expected one: "
+                           f"a compile(rewrite=...) must keep the module's single @main")
     start = located.index(head) + len(head)
     separator = "" if located.startswith(")", start) else ", "
     return f"{located[:start]}{TRANSIENT_STORAGE}{separator}{located[start:]}"
@@ -865,7 +909,7 @@ class CompiledPlan:
         process, so measure one model per process to read its own peak
         (``benchmarks/memory.py`` does). On the local drivers the figures
         count the buffers the caching allocator keeps for reuse as held
-        (``device_for``), and on local-task the plan's transient storage
+        (``device_for``), and the transient storage of a local-task plan that takes it
         (``with_transient_storage``). Empty when the runtime was built
         without statistics.
         """

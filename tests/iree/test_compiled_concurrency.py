@@ -16,8 +16,8 @@ from iree_support import compile_cache  # noqa: F401  (fixture)
 THREADS = 8
 
 
-@pytest.mark.parametrize("driver", ["local-sync", "local-task"])  # local-task: through the transient storage path
-def test_threads_sharing_a_compiled_plan_get_the_serial_bits(driver):
+@pytest.mark.parametrize("driver, storage", [("local-sync", None), ("local-task", None), ("local-task", True)])
+def test_threads_sharing_a_compiled_plan_get_the_serial_bits(driver, storage):  # True: the transient storage path
     def record(tape):
         model = nn.Mlp([6, 16, 3])
         loss = F.cross_entropy(model(tape.input(shape=(8, 6), name="x")),
@@ -25,7 +25,7 @@ def test_threads_sharing_a_compiled_plan_get_the_serial_bits(driver):
         return loss, tape.differentiate(loss, model.parameters())
 
     network, (loss, adjoints) = Tape.record(record)
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver)
+    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver, transient_storage=storage)
 
     def work(k):
         rng = np.random.default_rng(k)
@@ -35,7 +35,8 @@ def test_threads_sharing_a_compiled_plan_get_the_serial_bits(driver):
         return [run[s].tobytes() for s in adjoints.roots()]
 
     serial = [work(k) for k in range(THREADS)]
-    fresh = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver)  # loads under the race
+    # loads under the race
+    fresh = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver=driver, transient_storage=storage)
     compiled = fresh
     barrier = threading.Barrier(THREADS)
 

@@ -1,7 +1,9 @@
 """Transient storage on local-task: a module's transients live in buffers the CompiledPlan passes in and reuses.
 
 ``compile(driver="local-task")`` adds IREE's ``iree.abi.transients``
-argument to ``@main`` (``with_transient_storage``); each call takes a spare
+argument to ``@main`` (``with_transient_storage``) when the plan's
+``transient_estimate`` reaches ``TRANSIENT_STORAGE_FROM``, or when asked
+(``transient_storage=True``, as most tests here do); each call takes a spare
 storage and gives it back, so calls one after another reuse one buffer and
 calls on several threads at once each get their own (eight threads get the
 serial bits: tests/iree/test_compiled_concurrency.py). What a call hands out
@@ -16,9 +18,21 @@ import pytest
 
 import topos.nn.functional as F
 from topos import Tape, nn
-from topos.dialect.compiled import TRANSIENT_SIZE, TRANSIENT_STORAGE, with_transient_storage
+from topos.dialect import compiled as compiled_module
+from topos.dialect.compiled import (
+    TRANSIENT_SIZE,
+    TRANSIENT_STORAGE,
+    TRANSIENT_STORAGE_FROM,
+    CompileError,
+    transient_estimate,
+    with_transient_storage,
+)
+from topos.dialect.targets import TargetError
 
 from iree_support import batch_feeds, mlp_step
+
+STORED = {"target": "llvm-cpu", "driver": "local-task", "transient_storage": True}
+
 
 def _step(width: int = 512):
     """A training step whose transients (activations the backward reads, gradients) are half a megabyte."""
@@ -44,13 +58,13 @@ def test_the_rewrite_puts_the_storage_first_and_keeps_the_rest_of_the_text():
         f'func.func @main({TRANSIENT_STORAGE}, %arg0: tensor<2xf32> loc("%0 input x")) -> tensor<2xf32> {{\n')
     assert with_transient_storage("func.func @main() -> tensor<f32>") == (
         f"func.func @main({TRANSIENT_STORAGE}) -> tensor<f32>")
-    with pytest.raises(ValueError, match="expected one"):
+    with pytest.raises(CompileError, match="expected one: a compile.rewrite=.... must keep"):
         with_transient_storage("func.func @other(%arg0: tensor<f32>)")
 
 
 def test_calls_one_after_another_reuse_one_storage_and_give_the_oracles_results():
     network, loss, adjoints = _step()
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    compiled = network.entry(adjoints.roots()).lower().compile(**STORED, cache=False)
     parameters = network.parameters()
     for k in range(3):
         run = compiled.forward(parameters, _feeds(k))
@@ -62,7 +76,7 @@ def test_calls_one_after_another_reuse_one_storage_and_give_the_oracles_results(
 
 def test_what_a_call_hands_out_is_not_overwritten_by_later_calls():
     network, loss, adjoints = _step()
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    compiled = network.entry(adjoints.roots()).lower().compile(**STORED, cache=False)
     parameters = network.parameters()
     expected = [network.forward(parameters, _feeds(k)) for k in range(2)]
     first = compiled.forward(parameters, _feeds(0))  # read only after the second call ran
@@ -74,7 +88,7 @@ def test_what_a_call_hands_out_is_not_overwritten_by_later_calls():
 
 def test_a_call_begun_while_another_is_in_flight_takes_another_storage():
     network, _, adjoints = _step(64)
-    compiled = network.entry(adjoints.roots()).lower().compile("llvm-cpu", driver="local-task", cache=False)
+    compiled = network.entry(adjoints.roots()).lower().compile(**STORED, cache=False)
     compiled._load()
     invoker = compiled._invoker
     (_, first), (_, second) = invoker._begun(3), invoker._begun(3)  # two calls in flight, neither returned
@@ -87,7 +101,7 @@ def test_a_call_begun_while_another_is_in_flight_takes_another_storage():
 def test_training_steps_on_resident_state_match_the_module_called_without_the_invoke_path():
     """FunctionInvoker given fresh storage each call (``_storage_arguments``) and ``step`` reusing one agree bitwise."""
     step = mlp_step(np.float32)
-    compiled = step.entry().lower().compile("llvm-cpu", driver="local-task", cache=False)
+    compiled = step.entry().lower().compile(**STORED, cache=False)
     function = compiled._load()
     parameters = step.network.parameters()
     state = compiled.resident(parameters)
@@ -113,26 +127,76 @@ def test_a_local_sync_module_and_an_export_allocate_their_own_transients(tmp_pat
     module = rt.VmModule.copy_buffer(rt.VmInstance(), (tmp_path / "artifact" / "module.vmfb").read_bytes())
     assert TRANSIENT_SIZE not in module.lookup_function("main").reflection  # iree-run-module feeds it as it is
     assert TRANSIENT_SIZE not in plan.compile("llvm-cpu", cache=False)._load().vm_function.reflection
-    assert TRANSIENT_SIZE in plan.compile("llvm-cpu", driver="local-task", cache=False)._load().vm_function.reflection
+    assert TRANSIENT_SIZE in plan.compile(**STORED, cache=False)._load().vm_function.reflection
 
 
 def test_a_local_task_module_is_cached_apart_from_the_local_sync_one(tmp_path):
     network, loss, adjoints = _step(64)
     plan = network.entry([loss]).lower()
-    task = plan.compile("llvm-cpu", driver="local-task", cache=tmp_path)
+    task = plan.compile(**STORED, cache=tmp_path)
     sync = plan.compile("llvm-cpu", cache=tmp_path)
     assert not sync.cache_hit and task.cache_key != sync.cache_key
-    assert plan.compile("llvm-cpu", driver="local-task", cache=tmp_path).cache_hit
+    assert plan.compile(**STORED, cache=tmp_path).cache_hit
 
 
 def test_a_frozen_local_task_module_takes_storage_before_its_inputs_and_gives_the_sync_modules_bits():
     network, loss, adjoints = _step(64)
     plan = network.entry([loss, *adjoints.roots()]).lower()
     table = network.parameters()
-    frozen = plan.compile("llvm-cpu", driver="local-task", frozen=table, cache=False)
+    frozen = plan.compile(**STORED, frozen=table, cache=False)
     plain = plan.compile("llvm-cpu", frozen=table, cache=False)  # local-sync: no storage
     assert frozen._storage_arguments() and not plain._storage_arguments()
     for k in range(2):
         got, want = frozen.forward(feeds=_feeds(k)), plain.forward(feeds=_feeds(k))
         for symbol in (loss, *adjoints.roots()):
             np.testing.assert_array_equal(got[symbol], want[symbol])
+
+
+def test_the_estimate_counts_a_packed_weight_only_when_data_tiling_packs_it_per_call():
+    def record(tape):
+        return tape.input(shape=(128, 768), name="x") @ tape.parameter(np.zeros((768, 50257), np.float32), name="w")
+
+    network, logits = Tape.record(record)
+    plan = network.entry([logits]).lower()
+    logits_bytes, weight_bytes, input_bytes = 128 * 50257 * 4, 768 * 50257 * 4, 128 * 768 * 4
+    assert plan.peak()[0] == logits_bytes
+    assert transient_estimate(plan, data_tiled=True, frozen=False) == logits_bytes + weight_bytes
+    assert transient_estimate(plan, data_tiled=True, frozen=False) >= TRANSIENT_STORAGE_FROM
+    # Frozen, the weight is packed once, at load; the input is still packed on every call.
+    assert transient_estimate(plan, data_tiled=True, frozen=True) == logits_bytes + input_bytes
+    assert transient_estimate(plan, data_tiled=False, frozen=False) == logits_bytes < TRANSIENT_STORAGE_FROM
+
+
+def test_a_step_whose_transients_fit_the_pools_allocates_its_own_unless_asked():
+    network, loss, adjoints = _step(64)
+    plan = network.entry(adjoints.roots()).lower()
+    chosen = plan.compile("llvm-cpu", driver="local-task", cache=False)
+    assert not chosen._storage_arguments()
+    assert TRANSIENT_SIZE not in chosen._load().vm_function.reflection
+    assert plan.compile(**STORED, cache=False)._storage_arguments()
+
+
+def test_a_step_estimated_past_the_threshold_takes_storage_by_itself(monkeypatch):
+    network, loss, adjoints = _step(64)
+    plan = network.entry(adjoints.roots()).lower()
+    estimate = transient_estimate(plan, data_tiled=False, frozen=False)
+    monkeypatch.setattr(compiled_module, "TRANSIENT_STORAGE_FROM", estimate)  # as if the pools were this small
+    compiled = plan.compile("llvm-cpu", driver="local-task", cache=False)
+    assert compiled._storage_arguments()
+    np.testing.assert_allclose(compiled.forward(network.parameters(), _feeds(0))[adjoints.roots()[0]],
+                               network.forward(network.parameters(), _feeds(0))[adjoints.roots()[0]], rtol=1e-5)
+    monkeypatch.setattr(compiled_module, "TRANSIENT_STORAGE_FROM", estimate + 1)
+    assert not plan.compile("llvm-cpu", driver="local-task", cache=False)._storage_arguments()
+
+
+def test_asking_for_storage_on_a_driver_that_allocates_its_own_is_a_target_error():
+    network, loss, adjoints = _step(64)
+    with pytest.raises(TargetError, match="transient_storage=True needs a driver of.*local-task.*not 'local-sync'"):
+        network.entry([loss]).lower().compile("llvm-cpu", cache=False, transient_storage=True)
+
+
+def test_a_rewrite_that_renames_main_is_a_compile_error_naming_the_rewrite():
+    network, loss, adjoints = _step(64)
+    with pytest.raises(CompileError, match="has 0 'func.func @main.' heads.*rewrite"):
+        network.entry([loss]).lower().compile(**STORED, cache=False,
+                                              rewrite=lambda text: text.replace("@main(", "@renamed("))

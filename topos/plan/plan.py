@@ -21,7 +21,8 @@ from .numerics import Numerics, kernel_for
 from .patterns import Candidate, StructureView, discover, elect, pattern
 
 
-def _nbytes(spec) -> int:
+def spec_bytes(spec) -> int:
+    """Bytes of a value of ``spec`` (a selection's indices are int64)."""
     itemsize = spec.dtype.itemsize if isinstance(spec.dtype, np.dtype) else 8
     return math.prod(spec.shape) * itemsize  # Python ints: no wrap-around for huge tensors
 
@@ -113,12 +114,12 @@ class Plan:
         """Bytes of computed values the plan keeps to the end of a run (the results, and under the
         backward posture what the derivative rules read): what the forward hands on, and the least
         a run holds once it is done."""
-        return sum(_nbytes(self.network._specs[n]) for n in self.entry.kept()
+        return sum(spec_bytes(self.network._specs[n]) for n in self.entry.kept()
                    if not self.network._opcodes[n].is_source)
 
     def retain_all_bytes(self) -> int:
         """Bytes a run holds if it frees nothing (the oracle's footprint for this closure)."""
-        return sum(_nbytes(self.network._specs[n]) for n in self.schedule
+        return sum(spec_bytes(self.network._specs[n]) for n in self.schedule
                    if not self.network._opcodes[n].is_source)
 
     def _account(self) -> tuple[tuple[int, int], ...]:
@@ -126,11 +127,11 @@ class Plan:
         live, series = 0, []
         for step in self._steps:
             if not network._opcodes[step].is_source:
-                live += _nbytes(network._specs[step])
+                live += spec_bytes(network._specs[step])
             series.append((step, live))
             for j in self._free_after.get(step, ()):
                 if not network._opcodes[j].is_source:
-                    live -= _nbytes(network._specs[j])
+                    live -= spec_bytes(network._specs[j])
         return tuple(series)
 
     def liveness(self) -> dict[int, str]:
