@@ -154,17 +154,33 @@ def test_a_frozen_local_task_module_takes_storage_before_its_inputs_and_gives_th
 
 def test_the_estimate_counts_a_packed_weight_only_when_data_tiling_packs_it_per_call():
     def record(tape):
-        return tape.input(shape=(128, 768), name="x") @ tape.parameter(np.zeros((768, 50257), np.float32), name="w")
+        logits = tape.input(shape=(128, 768), name="x") @ tape.parameter(np.zeros((768, 50257), np.float32), name="w")
+        return logits, (logits * 2.0).reshape((128 * 50257,))
 
-    network, logits = Tape.record(record)
-    plan = network.entry([logits]).lower()
+    network, (logits, doubled) = Tape.record(record)
+    plan = network.entry([doubled]).lower()
     logits_bytes, weight_bytes, input_bytes = 128 * 50257 * 4, 768 * 50257 * 4, 128 * 768 * 4
-    assert plan.peak()[0] == logits_bytes
-    assert transient_estimate(plan, data_tiled=True, frozen=False) == logits_bytes + weight_bytes
+    # Live at once: the product and its double (the product is freed before the reshape, the result).
+    assert plan.peak()[0] == plan.working_peak() == 2 * logits_bytes
+    assert transient_estimate(plan, data_tiled=False, frozen=False) == 2 * logits_bytes
+    assert transient_estimate(plan, data_tiled=True, frozen=False) == 2 * logits_bytes + weight_bytes
     assert transient_estimate(plan, data_tiled=True, frozen=False) >= TRANSIENT_STORAGE_FROM
     # Frozen, the weight is packed once, at load; the input is still packed on every call.
-    assert transient_estimate(plan, data_tiled=True, frozen=True) == logits_bytes + input_bytes
-    assert transient_estimate(plan, data_tiled=False, frozen=False) == logits_bytes < TRANSIENT_STORAGE_FROM
+    assert transient_estimate(plan, data_tiled=True, frozen=True) == 2 * logits_bytes + input_bytes
+    results = network.entry([logits, doubled]).lower()  # a result lives in a buffer the call hands out
+    assert results.working_peak() == logits_bytes and results.peak()[0] == 3 * logits_bytes
+
+
+def test_a_reshape_or_transpose_is_not_counted_as_a_buffer_of_its_own():
+    def record(tape):
+        product = tape.input(shape=(64, 32), name="x") @ tape.input(shape=(32, 48), name="y")
+        return product.permute((1, 0)).reshape((48 * 64,)).sum()
+
+    network, total = Tape.record(record)
+    plan = network.entry([total]).lower()
+    product_bytes = 64 * 48 * 4
+    assert plan.working_peak() == 2 * product_bytes  # the product and its transposed copy
+    assert transient_estimate(plan, data_tiled=False, frozen=False) == product_bytes
 
 
 def test_a_step_whose_transients_fit_the_pools_allocates_its_own_unless_asked():

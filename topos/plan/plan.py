@@ -9,7 +9,7 @@ bits; fusion never reorders float math.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -110,6 +110,12 @@ class Plan:
         node, peak = max(self._series, key=lambda s: s[1]) if self._series else (-1, 0)
         return peak, node
 
+    def working_peak(self, uncounted: Iterable[int] = ()) -> int:
+        """Peak live bytes of computed values that are not results: what a run holds beside what it
+        hands out (before a compiler fuses any of it away). Nodes in ``uncounted`` are left out too."""
+        left_out = frozenset(self.entry._readable) | frozenset(uncounted)
+        return max((live for _, live in self._account(left_out)), default=0)
+
     def release_floor(self) -> int:
         """Bytes of computed values the plan keeps to the end of a run (the results, and under the
         backward posture what the derivative rules read): what the forward hands on, and the least
@@ -122,15 +128,15 @@ class Plan:
         return sum(spec_bytes(self.network._specs[n]) for n in self.schedule
                    if not self.network._opcodes[n].is_source)
 
-    def _account(self) -> tuple[tuple[int, int], ...]:
+    def _account(self, uncounted: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
         network = self.network
         live, series = 0, []
         for step in self._steps:
-            if not network._opcodes[step].is_source:
+            if not network._opcodes[step].is_source and step not in uncounted:
                 live += spec_bytes(network._specs[step])
             series.append((step, live))
             for j in self._free_after.get(step, ()):
-                if not network._opcodes[j].is_source:
+                if not network._opcodes[j].is_source and j not in uncounted:
                     live -= spec_bytes(network._specs[j])
         return tuple(series)
 
