@@ -62,6 +62,16 @@ def too_large(key: str) -> str | None:
 NOTHING = topos.Updates(())
 
 
+def models_that_fit(keys):
+    """(key, its model built) for each of ``keys`` this machine has the memory for, one at a time;
+    the others are skipped with ``too_large``'s message printed."""
+    for key in keys:
+        if (reason := too_large(key)) is not None:
+            print(reason, flush=True)
+            continue
+        yield key, build(key)
+
+
 @dataclass
 class Model:
     """One step of one model: what topos compiles and runs, and what its twin needs."""

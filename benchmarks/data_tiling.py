@@ -32,8 +32,8 @@ import math  # noqa: E402
 import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, build, too_large  # noqa: E402
+from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
+from _zoo import MODELS, models_that_fit  # noqa: E402
 from compiled import measure, module_runner  # noqa: E402
 
 from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
@@ -60,11 +60,7 @@ def main() -> None:
           f"2^{math.log2(DATA_TILING_THRESHOLD):.0f} multiply-adds")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
     rows = []
-    for key in [m for m in args.models.split(",") if m]:
-        if (reason := too_large(key)) is not None:
-            print(reason, flush=True)
-            continue
-        model = build(key)
+    for key, model in models_that_fit(chosen_models(parser, args.models, MODELS)):
         compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", cache=False, data_tiling=False)
         base = [f for f in compiled.flags if f not in DATA_TILING_FLAGS]
         arguments = compiled._arguments(model.parameters, model.feeds(0))

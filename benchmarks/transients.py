@@ -43,8 +43,8 @@ import iree.runtime as rt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, build, too_large  # noqa: E402
+from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
+from _zoo import MODELS, models_that_fit  # noqa: E402
 from compiled import Runner, measure, module_runner  # noqa: E402
 
 if DRIVER == "local-task":
@@ -115,11 +115,7 @@ def main() -> None:
     print(f"versions: {versions()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
     rows = []
-    for key in [m for m in args.models.split(",") if m]:
-        if (reason := too_large(key)) is not None:
-            print(reason, flush=True)
-            continue
-        model = build(key)
+    for key, model in models_that_fit(chosen_models(parser, args.models, MODELS)):
         plan = model.network.entry(model.roots).lower()
         if args.step:
             runners, same, needed, flags = _step_runners(model, plan)
