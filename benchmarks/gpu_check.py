@@ -1,8 +1,8 @@
-"""The GPU check: IREE conformance on a CUDA device, then a short MLP training-step benchmark.
+"""The GPU check: IREE conformance on a CUDA device, then every benchmark model's step against jax.jit there.
 
-A prepared script for a machine with an NVIDIA GPU (it runs in well under
-five minutes there). It first checks that ``iree.runtime`` has a working
-``cuda`` driver and device; without one it prints why and exits 0. Then:
+A prepared script for a machine with an NVIDIA GPU. It first checks that
+``iree.runtime`` has a working ``cuda`` driver and device; without one it
+prints why and exits 0. Then:
 
 1. Conformance: every family of ``topos.dialect.conformance_cases`` (every
    opcode, forward and recorded gradient) in float32, float64 and
@@ -17,14 +17,24 @@ five minutes there). It first checks that ``iree.runtime`` has a working
    784-128-10 and 784-1024-1024-10, the 2-block GPT, makemore's MLP and
    transformer, the MNIST example's LeNet training step, GPT-2 124M forward at
    T=128, and again with its parameters frozen into the module; float32)
-   with parameters resident on the device, on the target and on
-   llvm-cpu, and the NumPy FAST plan for scale; median milliseconds per
-   step and compile seconds. It never asserts timings.
+   with parameters resident on the device; beside it the model's jax.jit
+   twin on jax's default device (the same GPU where jax has its CUDA
+   plugin), with the agreement of their first two steps; llvm-cpu where
+   IREE's compiler is here; and the NumPy FAST plan for scale. Median
+   milliseconds per step and compile seconds. It never asserts timings.
+
+In two halves where the GPU machine has no IREE compiler (the lent
+machines have jax with CUDA but not IREE, and the compiler's 84 MB wheel
+may not travel there): ``--prepare DIR`` compiles every module for the
+target into the compile cache DIR, here, without a device; on the GPU
+machine ``--cache DIR`` serves them, with only iree-base-runtime
+installed. ``benchmarks/gpu_prepare.sh`` and ``benchmarks/gpu_run.sh`` do
+both halves, wheels included (docs/performance.md, "On a GPU").
 
 Exit status: 0 when every node conforms (or no device), 1 otherwise.
 
 Run: python benchmarks/gpu_check.py [--target cuda] [--families map,linear] [--dtypes f32,bf16] [--steps N]
-     [--models mlp-s,gpt,...]
+     [--models mlp-s,gpt,...] [--prepare DIR | --cache DIR]
 (``--target vulkan`` or ``llvm-cpu`` runs the same check where those work.)
 """
 
@@ -35,19 +45,24 @@ import os
 # One BLAS thread for the NumPy column, set before NumPy loads (its pool is sized then).
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
+# jax takes 75% of the GPU's memory when it starts unless told not to; IREE shares the device here.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import argparse
-import sys
-import tempfile
-import time
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-import numpy as np
-from _timing import median_seconds, table  # noqa: E402
+import numpy as np  # noqa: E402
+from _timing import chosen_models, median_seconds, table  # noqa: E402
 
-import topos
-from topos import Numerics
-from topos.dialect import conformance_cases
-from topos.dialect.targets import target as find_target
+import topos  # noqa: E402
+from topos import Numerics  # noqa: E402
+from topos.dialect import conformance_cases  # noqa: E402
+from topos.dialect.cache import CompileCache  # noqa: E402
+from topos.dialect.targets import compiler_missing, require_compiler  # noqa: E402
+from topos.dialect.targets import target as find_target  # noqa: E402
 
 DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
 
@@ -69,7 +84,7 @@ def device_problem(driver: str) -> str | None:
 # ---- 1. conformance ---------------------------------------------------------------------------
 
 
-def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
+def conformance_check(target: str, families, dtypes, cache) -> tuple[dict, int]:
     """Run every family on ``target``: (measured worst per (target, key, dtype), unexplained failures)."""
     measured: dict = {}
     failures = 0
@@ -79,7 +94,7 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
             dtype = DTYPES[short]
             started = time.perf_counter()
             try:
-                result = conformance_cases.run_family(name, dtype, target, cache=False)
+                result = conformance_cases.run_family(name, dtype, target, cache=cache)
             except topos.ToposError as error:
                 rows.append([name, short, "-", "-", "-", "not run: " + " ".join(str(error).split())[:110]])
                 continue
@@ -104,37 +119,79 @@ def conformance_check(target: str, families, dtypes) -> tuple[dict, int]:
 # ---- 2. benchmark -----------------------------------------------------------------------------
 #
 # Every model of docs/performance.md, recorded by _zoo.py. A step with updates runs as compiled.step
-# with the parameters resident, one without (GPT-2's forward) as a resident step that updates nothing.
+# with the parameters resident, one without (GPT-2's forward) as a resident step that updates nothing,
+# and again with its parameters frozen into the module.
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _zoo import MODELS, build, too_large  # noqa: E402
+from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
 
 
 def _median_ms(run, steps: int) -> float:
     return 1000 * median_seconds(run, steps)
 
 
-def _device_cells(built, target: str, steps: int, frozen: bool) -> list[str]:
-    """[median ms a step, compile s] of ``built`` on ``target``: resident parameters, or ``frozen`` into the module."""
-    feeds, updates, read = built.feeds(0), built.updates, built.read
+def _compile(built, target: str, cache, frozen: bool):
+    options = {"frozen": built.parameters} if frozen else {}
+    return built.network.entry(built.roots).lower().compile(target, cache=cache, **options)
+
+
+def _topos_cells(built, target: str, steps: int, frozen: bool, cache) -> tuple[list[str], list]:
+    """([median ms a step, compile s], the first two steps' read-back values) of ``built`` on ``target``.
+
+    Parameters resident, or ``frozen`` into the module; a model refused is one cell saying why, and no values.
+    """
     started = time.perf_counter()
     try:
-        options = {"frozen": built.parameters} if frozen else {}
-        compiled = built.network.entry(built.roots).lower().compile(target, cache=False, **options)
+        compiled = _compile(built, target, cache, frozen)
     except topos.ToposError as error:
-        return [f"refused: {str(error).splitlines()[0][:50]}", "-"]
+        return [_refusal(error), "-"], []
     seconds = time.perf_counter() - started
+    read, k = built.read, [0]
     if frozen:
         def one_step():
-            return float(np.asarray(compiled.forward(feeds=feeds)[read]).reshape(-1)[0])
+            k[0] += 1
+            return np.asarray(compiled.forward(feeds=built.feeds(k[0] - 1))[read])
     else:
         state = [compiled.resident(built.parameters)]
 
         def one_step():
-            state[0], run = compiled.step(state[0], feeds, updates)
-            return float(np.asarray(run[read]).reshape(-1)[0])
+            k[0] += 1
+            state[0], run = compiled.step(state[0], built.feeds(k[0] - 1), built.updates)
+            return np.asarray(run[read])
 
-    return [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}"]
+    opening = [one_step(), one_step()]  # steps 0 and 1, as the jax twin takes them
+    hit = " (cached)" if compiled.cache_hit else ""
+    return [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}{hit}"], opening
+
+
+def _jax_cells(built, steps: int, opening: list) -> list[str]:
+    """[median ms a step, lower + compile s, agreement with topos's first two steps] of the model's jax.jit twin."""
+    try:
+        twin = jax_step(built)
+    except Exception as error:  # noqa: BLE001  (a twin jax cannot build here: say so in its cell)
+        return [f"failed: {' '.join(str(error).split())[:50]}", "-", "-"]
+    theirs = twin.opening[:2] if twin.opening else [twin.step(0), twin.step(1)]
+    k = [2]
+
+    def one_step():
+        k[0] += 1
+        return twin.step(k[0] - 1)
+
+    agreement = "-"
+    if opening:
+        worst = 0.0
+        for ours, want in zip(opening, theirs):
+            ours, want = np.asarray(ours, np.float64), np.asarray(want, np.float64)
+            worst = max(worst, float(np.max(np.abs(ours - want)) / (np.max(np.abs(want)) + 1e-30)))
+        agreement = f"{worst:.1e}"
+    return [f"{_median_ms(one_step, steps):.3f}", f"{twin.compile_seconds:.1f}", agreement]
+
+
+def _number(cell: str) -> bool:
+    try:
+        return float(cell) > 0
+    except ValueError:
+        return False
 
 
 def _numpy_cell(built, steps: int) -> str:
@@ -144,28 +201,105 @@ def _numpy_cell(built, steps: int) -> str:
     return f"{_median_ms(lambda: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}"
 
 
-def benchmark(target: str, steps: int, models=MODELS) -> None:
-    """One step of every model on ``target`` and on llvm-cpu, parameters resident; the NumPy FAST plan for scale."""
+def _rows(models) -> list:
+    """(row label, the model built, frozen) for each model that fits this machine; GPT-2's forward twice."""
     rows = []
-    for model in models:
-        if (reason := too_large(model)) is not None:
+    for key in models:
+        if (reason := too_large(key)) is not None:
             print(reason, flush=True)
             continue
-        built = build(model)
-        # A model that updates nothing (GPT-2's forward) gets a second row compiled with frozen parameters.
+        built = build(key)
         for frozen in (False, True) if not built.updates.pairs() else (False,):
-            cells = [model + (" (frozen)" if frozen else "")]
-            for name in dict.fromkeys([target, "llvm-cpu"]):
-                cells += _device_cells(built, name, steps, frozen)
-            # A 124M-weight NumPy forward takes seconds a call.
-            cells.append("-" if model == "gpt2-124m-forward" or frozen else _numpy_cell(built, steps))
-            rows.append(cells)
+            rows.append((key + (" (frozen)" if frozen else ""), built, frozen))
+    return rows
+
+
+def _jax_device() -> tuple[object, str]:
+    """(the jax module or None, what its column runs on or why it is absent)."""
+    try:
+        import jax
+    except ImportError as error:
+        return None, f"absent: jax is not importable ({error})"
+    device = jax.devices()[0]
+    return jax, f"{device.platform}: {getattr(device, 'device_kind', device)}"
+
+
+def benchmark(target: str, steps: int, models=MODELS, cache=None) -> None:
+    """One step of every model on ``target``, against jax.jit on jax's default device and, where IREE's
+    compiler is here, on llvm-cpu; the NumPy FAST plan for scale. ``cache``: the compile cache to use."""
+    jax, where = _jax_device()
+    print(f"jax.jit column: {where}")
+    cpu_column = target != "llvm-cpu" and compiler_missing() is None
+    if target != "llvm-cpu" and not cpu_column:
+        print("llvm-cpu column: absent, IREE's compiler is not installed here (the prepared cache holds "
+              f"{target} modules only: a module for another machine's CPU could stop this one on SIGILL)")
+    rows = []
+    for label, built, frozen in _rows(models):
+        cells, opening = _topos_cells(built, target, steps, frozen, cache)
+        if jax is not None:
+            theirs = ["-", "-", "-"] if frozen else _jax_cells(built, steps, opening)  # one jax row per model
+            ratio = f"{float(theirs[0]) / float(cells[0]):.2f}x" if _number(theirs[0]) and _number(cells[0]) else "-"
+            cells += [*theirs, ratio]
+        if cpu_column:
+            cells += _topos_cells(built, "llvm-cpu", steps, frozen, cache)[0]
+        # A 124M-weight NumPy forward takes seconds a call.
+        cells.append("-" if built.key == "gpt2-124m-forward" else _numpy_cell(built, steps))
+        rows.append([label, *cells])
+        print(f"{label}: done", flush=True)
     header = ["model (one step, float32)", f"{target} ms", f"{target} compile s"]
-    if target != "llvm-cpu":
+    if jax is not None:
+        header += ["jax.jit ms", "jax.jit compile s", "agreement", "jax / topos"]
+    if cpu_column:
         header += ["llvm-cpu ms", "llvm-cpu compile s"]
+    print()
     print(table(header + ["NumPy FAST plan ms"], rows))
-    print("jax.jit on the same device: run benchmarks/versus_jax.py (the same models) where jax has that device's "
-          "plugin; this script needs only topos and IREE")
+    print("agreement: the worst scale-relative difference of the first two steps' read-back values, topos on "
+          f"{target} against jax.jit; jax / topos: above 1, topos is faster")
+
+
+# ---- preparing a cache where the compiler is --------------------------------------------------
+
+
+def _refusal(error: Exception) -> str:
+    """A refused module's cell: IREE's first complaint, without the target's long description."""
+    lines = [line.strip() for line in str(error).splitlines() if "error:" in line] or [str(error)]
+    return "refused: " + lines[0].split("error:", 1)[-1].strip()[:70]
+
+
+def prepare(target: str, families, dtypes, models, directory: str) -> int:
+    """Compile every conformance family and model for ``target`` into the compile cache ``directory``.
+
+    Runs where IREE's compiler is installed and needs no device: the machine
+    with the GPU then runs this script with ``--cache directory`` and needs
+    only iree-base-runtime (docs/deploy.md, "Compiled on one machine, run on another").
+    """
+    require_compiler("gpu_check.py --prepare")
+    cache = CompileCache(directory)
+    started = time.perf_counter()
+    rows = []
+    for name in families:
+        for short in dtypes:
+            began = time.perf_counter()
+            try:
+                compiled = conformance_cases.record_family(name, DTYPES[short]).entry().lower().compile(
+                    target, cache=cache)
+                rows.append([f"conformance {name} {short}", f"{time.perf_counter() - began:.1f}",
+                             f"{len(compiled.vmfb) / 2**10:.0f}"])
+            except topos.ToposError as error:
+                rows.append([f"conformance {name} {short}", "-", _refusal(error)])
+    for label, built, frozen in _rows(models):
+        began = time.perf_counter()
+        try:
+            compiled = _compile(built, target, cache, frozen)
+            rows.append([label, f"{time.perf_counter() - began:.1f}", f"{len(compiled.vmfb) / 2**10:.0f}"])
+        except topos.ToposError as error:
+            rows.append([label, "-", _refusal(error)])
+        print(f"{label}: done", flush=True)
+    print(table(["module", "compile s", "KiB"], rows))
+    size = sum(f.stat().st_size for f in Path(directory).glob("*.vmfb"))
+    print(f"\n{directory}: {size / 2**20:.1f} MiB of {target} modules, compiled in "
+          f"{time.perf_counter() - started:.0f} s; on the device: python benchmarks/gpu_check.py --cache {directory}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -176,28 +310,40 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"benchmark models (default all: {', '.join(MODELS)})")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--prepare", metavar="DIR",
+                       help="compile every module for --target into the compile cache DIR, here (no device needed)")
+    where.add_argument("--cache", metavar="DIR", help="the compile cache to run from (one --prepare filled)")
     args = parser.parse_args(argv)
     chosen = find_target(args.target)
-    problem = device_problem(chosen.driver)
-    if problem is not None:
-        print(f"gpu_check: skipped: {problem}")
-        return 0
-    os.environ.setdefault("TOPOS_CACHE_DIR", tempfile.mkdtemp(prefix="topos-gpu-check-"))
-    started = time.perf_counter()
-    print(f"gpu_check: target {chosen.name} (driver {chosen.driver}), flags {' '.join(chosen.flags)}\n")
-    print("1. conformance (every opcode, forward and recorded gradient; cache off)")
     dtypes = [d for d in args.dtypes.split(",") if d]
     if not chosen.supports_f64 and "f64" in dtypes:
         dtypes.remove("f64")
     if not chosen.supports_bf16 and "bf16" in dtypes:
         dtypes.remove("bf16")
-    measured, failures = conformance_check(chosen.name, [f for f in args.families.split(",") if f], dtypes)
+    families = [f for f in args.families.split(",") if f]
+    models = chosen_models(parser, args.models, MODELS)
+    if args.prepare:
+        return prepare(chosen.name, families, dtypes, models, args.prepare)
+    problem = device_problem(chosen.driver)
+    if problem is not None:
+        print(f"gpu_check: skipped: {problem}")
+        return 0
+    if args.cache:
+        cache = CompileCache(args.cache)
+    else:
+        cache = CompileCache(tempfile.mkdtemp(prefix="topos-gpu-check-"))  # every module compiled here, afresh
+    started = time.perf_counter()
+    print(f"gpu_check: target {chosen.name} (driver {chosen.driver}), flags {' '.join(chosen.flags)}; "
+          f"compile cache {cache.directory}{'' if compiler_missing() is None else ' (no compiler here)'}\n")
+    print("1. conformance (every opcode, forward and recorded gradient)")
+    measured, failures = conformance_check(chosen.name, families, dtypes, cache)
     print(f"\nworst deviation beside the envelope ({chosen.name}; '-' not measured or all known divergences):")
     print(conformance_cases.format_table(measured, chosen.name))
     print(f"\nconformance: {'all nodes conform' if not failures else f'{failures} unexplained failures'} "
           f"({time.perf_counter() - started:.0f} s)\n")
     print("2. benchmark")
-    benchmark(chosen.name, args.steps, [m for m in args.models.split(",") if m])
+    benchmark(chosen.name, args.steps, models, cache)
     print(f"\ngpu_check: done in {time.perf_counter() - started:.0f} s")
     return 1 if failures else 0
 

@@ -2,37 +2,40 @@
 
 Nothing here is imported by ``import topos``: the core stays pure NumPy and
 loads MLIR only when a user asks for emission. Importing this package loads
-the MLIR bindings and registers the op classes; it builds no IR.
+nothing either: the first name used from it (``emit_text``, say) loads the
+MLIR bindings and registers the op classes; it builds no IR. So a machine
+with IREE's runtime and no compiler still imports ``topos.dialect.compiled``
+and runs modules compiled elsewhere (docs/compiling.md, "Compiled on one
+machine, run on another").
 
     from topos.dialect import emit_text, parse_spec
     text = emit_text(network, [loss])          # topos IR, one op per node
     network2, roots, observes = parse_spec(text)
 """
 
-from .context import configure, new_context
-from .diagnostics import Diagnostic, DialectError, VerificationError
-from .emit import emit_module, emit_text
-from .ops import OP_CLASSES, ToposOp, op_class, verify_module
-from .parse import parse_module, parse_spec
-from .passes import PassFailure, register_pass, registered_passes, run_pipeline, transform
+import importlib
 
-__all__ = [
-    "OP_CLASSES",
-    "Diagnostic",
-    "DialectError",
-    "PassFailure",
-    "ToposOp",
-    "VerificationError",
-    "configure",
-    "emit_module",
-    "emit_text",
-    "new_context",
-    "op_class",
-    "parse_module",
-    "parse_spec",
-    "register_pass",
-    "registered_passes",
-    "run_pipeline",
-    "transform",
-    "verify_module",
-]
+# Each public name -> the submodule that defines it.
+_PUBLIC = {
+    "configure": "context", "new_context": "context",
+    "Diagnostic": "diagnostics", "DialectError": "diagnostics", "VerificationError": "diagnostics",
+    "emit_module": "emit", "emit_text": "emit",
+    "OP_CLASSES": "ops", "ToposOp": "ops", "op_class": "ops", "verify_module": "ops",
+    "parse_module": "parse", "parse_spec": "parse",
+    "PassFailure": "passes", "register_pass": "passes", "registered_passes": "passes", "run_pipeline": "passes",
+    "transform": "passes",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

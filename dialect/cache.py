@@ -20,6 +20,8 @@ from pathlib import Path
 
 from topos.errors import AtTheUsersLine
 
+from .targets import cpu_of, host_isa
+
 _MAGIC = b"TOPOSVMFB2\n"
 _KEY_BYTES = 64  # a key is a SHA-256 in hex
 
@@ -58,16 +60,24 @@ def code_digest() -> str:
     A cache keyed on a plan's digest, before any lowering runs, must not
     serve a module that an older lowering built: a changed line anywhere
     in topos changes this digest and so every key (about 5 ms for the ~110
-    files, once).
+    files, once). Each file is named by its place in the package, so an
+    editable checkout (dialect/ beside topos/) and an installed wheel
+    (topos/dialect/ inside topos/) of the same source digest alike: a
+    cache filled on one machine serves another (docs/deploy.md).
     """
+    import topos
+
+    core, dialect = Path(topos.__file__).resolve().parent, Path(__file__).resolve().parent
+    files: dict[str, Path] = {}
+    for package, root in (("topos", core), ("topos/dialect", dialect)):
+        for path in root.rglob("*.py"):
+            if root == core and dialect in path.parents:
+                continue  # an installed wheel nests the dialect in the core: counted once, under its own name
+            files[f"{package}/{path.relative_to(root).as_posix()}"] = path
     h = hashlib.sha256()
-    for root in _PACKAGE_ROOTS:
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].read_bytes())
     return h.hexdigest()
-
-
-_PACKAGE_ROOTS = (Path(__file__).resolve().parents[1] / "topos", Path(__file__).resolve().parent)
 
 
 def plan_key(plan, target: str, flags, compiler_version: str, frozen: bool = False,
@@ -77,8 +87,12 @@ def plan_key(plan, target: str, flags, compiler_version: str, frozen: bool = Fal
     ``frozen``: the module reads its parameters as globals (``compile(frozen=...)``), another
     module than the one taking them as arguments; their values are not in it, so not in the key.
     ``transients``: its first argument is the storage of its transients (``with_transient_storage``).
+    A module for llvm-cpu's ``cpu="host"`` is keyed on what this machine's CPU executes
+    (``targets.host_isa``): a cache copied to another machine serves it only to the same instruction set.
     """
     kinds = f"{' frozen' if frozen else ''}{' transients' if transients else ''}"
+    if cpu_of(flags) == "host":  # "host" names whichever machine compiles: key on what that CPU executes
+        kinds += f" host {host_isa()}"
     return key(f"plan {plan.digest()} code {code_digest()}{kinds}", target, flags, compiler_version)
 
 

@@ -54,6 +54,7 @@ from .targets import (
     check_driver,
     cpu_of,
     flags_for,
+    require_compiler,
     target,
 )
 
@@ -67,12 +68,21 @@ class DeviceMemoryError(ToposError, MemoryError):
 
 
 def compiler_version() -> str:
-    try:
-        from importlib.metadata import version
+    """The compiler's version, read from its package metadata (importing it would load MLIR on a cache hit).
 
-        return "iree-base-compiler " + version("iree-base-compiler")
-    except Exception:  # a source build without metadata still compiles
-        return "iree-base-compiler unknown"
+    Without iree-base-compiler (a machine that only runs modules compiled
+    elsewhere), the runtime's version: IREE releases the two together, and
+    a runtime loads the modules of its own release, so a cache the matching
+    compiler filled serves here under the same keys (docs/deploy.md).
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("iree-base-compiler", "iree-base-runtime"):
+        try:
+            return "iree-base-compiler " + version(package)
+        except PackageNotFoundError:
+            continue
+    return "iree-base-compiler unknown"  # source builds without metadata still compile
 
 
 def toolchain_version() -> str:
@@ -338,6 +348,11 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         compiled.cache_key = entry_key
         compiled._rebuild = _rebuilder(store, entry_key, plan, flags, freezing, transients)
         return compiled
+    require_compiler(
+        "compiling this plan", "" if store is None else
+        f"pip install iree-base-compiler, or compile this plan where the compiler is, into a cache directory "
+        f"(cache=DIR), and copy that directory here: {store.directory} holds no module for this plan, target "
+        f"{chosen.name} and these flags (docs/deploy.md)")
     text, located, stage_times = lowered(plan, freezing)
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)

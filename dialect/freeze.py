@@ -21,11 +21,12 @@ docs/performance.md, "Frozen parameters").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from iree.compiler import ir
 
-from .context import new_context
+if TYPE_CHECKING:
+    from iree.compiler import ir
 
 SCOPE = "topos"  # the parameter scope the globals name; the runtime's provider and --parameters use it
 GLOBAL_PREFIX = "frozen_"
@@ -57,6 +58,10 @@ def freeze_parameters(located: str, keys: Sequence[str]) -> tuple[str, str]:
     global and its load keep the location of the argument they replace, so
     a diagnostic still names the parameter and its recording line.
     """
+    from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
+
+    from .context import new_context
+
     unprintable = [key for key in keys if '"' in key or "\\" in key]
     if unprintable:  # key_of never makes one
         raise ValueError(f"parameter keys {unprintable} hold a quote or a backslash, which IREE prints unescaped")
@@ -95,6 +100,8 @@ def freeze_parameters(located: str, keys: Sequence[str]) -> tuple[str, str]:
 
 
 def _main(module: ir.Module) -> ir.Operation:
+    from iree.compiler import ir
+
     for op in module.body.operations:
         if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == "main":
             return op.operation

@@ -11,12 +11,14 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from topos.element import element_of, is_element
@@ -76,8 +78,13 @@ TARGETS: dict[str, Target] = {
     "cuda": Target(
         "cuda",
         # sm_90 fails in this IREE release ('missing GPU target'); sm_80 PTX
-        # is JIT-compiled by the driver on newer GPUs.
-        ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"),
+        # is JIT-compiled by the driver on newer GPUs. IREE's reduction pipeline
+        # (vector distribution) fails on a sum whose input is negated, which IREE
+        # folds into the reduction as `out - in` ("failed to get neutral element
+        # for reduction"): LayerNorm's gradient, so the small GPT's and makemore
+        # transformer's training steps did not compile. Its other pipeline does.
+        ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80",
+         "--iree-codegen-llvmgpu-use-reduction-vector-distribution=false"),
         "cuda",
         ("--iree-input-demote-f64-to-f32=false",),
         note="sm_80 PTX",
@@ -111,7 +118,8 @@ TARGETS: dict[str, Target] = {
     ),
     "rocm": Target(
         "rocm",
-        ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
+        ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942",
+         "--iree-codegen-llvmgpu-use-reduction-vector-distribution=false"),  # as cuda's
         "hip",
         ("--iree-input-demote-f64-to-f32=false",),
         refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
@@ -178,7 +186,8 @@ SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
 # Options IREE keeps process-wide: the in-process compiler API (Session.set_flags)
 # answers 'option not found' for them, so a module whose flags hold one is compiled
 # by the iree-compile tool in a child process (dialect/compiled.py), which takes them.
-PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes"})
+PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes",
+                                  "--iree-codegen-llvmgpu-use-reduction-vector-distribution"})
 
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy
@@ -331,6 +340,50 @@ def cpu_of(flags) -> str | None:
         if flag.startswith(CPU_FLAG):
             return flag[len(CPU_FLAG):]
     return None
+
+
+@functools.cache
+def host_isa() -> str:
+    """What this machine's CPU executes: its architecture and feature flags (``/proc/cpuinfo``), else its name.
+
+    A module compiled with ``cpu="host"`` may use every one of those
+    features, and its flags say only "host"; the compile cache keys such a
+    module on this too, so that a cache filled on one machine never serves
+    it to a CPU that lacks them (the first dispatch would die of SIGILL).
+    """
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        features = next(line.partition(":")[2].split() for line in lines if line.startswith(("flags", "Features")))
+    except (OSError, StopIteration):
+        return f"{platform.machine()} {platform.processor()}"
+    return f"{platform.machine()} {' '.join(sorted(set(features)))}"
+
+
+def compiler_missing() -> str | None:
+    """Why IREE's compiler cannot be imported in this process (iree-base-compiler is not installed), or None."""
+    try:
+        import iree.compiler.api  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    return None
+
+
+def require_compiler(needed_by: str, fix: str = "") -> None:
+    """Raise a TargetError saying ``needed_by`` needs IREE's compiler, when this machine has only its runtime.
+
+    Running a compiled module needs only iree-base-runtime; lowering and
+    compiling need the MLIR bindings and the compiler of iree-base-compiler.
+    ``fix`` replaces the default way out.
+    """
+    if (missing := compiler_missing()) is None:
+        return
+    raise TargetError(
+        f"{needed_by} needs IREE's compiler, which is not installed here ({missing}): "
+        + (fix or "pip install iree-base-compiler (the topos[mlir] extra installs both halves of IREE). "
+                  "A machine with only iree-base-runtime runs the modules compiled elsewhere: compile them "
+                  "there into a cache directory (compile(..., cache=DIR)), copy DIR here and compile with "
+                  "the same cache= (docs/deploy.md)")
+    )
 
 
 def check_driver(name: str) -> None:

@@ -10,8 +10,10 @@
   (a group run as one kernel);
 * one ``iree:<target>`` per IREE target: ``available`` (compiles and runs
   here), ``compiled-only`` (compiles here, but this machine has no device
-  for its driver: the reason says why) or ``missing`` (the ``[mlir]``
-  extra is not installed).
+  for its driver: the reason says why), ``run-only`` (IREE's runtime and
+  a device but no compiler: it runs modules compiled elsewhere, from a
+  compile cache) or ``missing`` (the ``[mlir]`` extra is not installed,
+  or only the runtime is and the driver has no device).
 
 A *dispatch tally* says, per scheduled node, which backend and which
 kernel served it: ``plan.tally()`` for a NumPy plan (the reference
@@ -33,7 +35,7 @@ class Backend:
     """One backend and its status on this machine."""
 
     name: str
-    status: str  # "available", "compiled-only" or "missing"
+    status: str  # "available", "compiled-only", "run-only" or "missing"
     detail: str  # what it is, or why it is not available
 
     def __str__(self) -> str:
@@ -72,17 +74,23 @@ def backends() -> tuple[Backend, ...]:
 
 def _iree_backends() -> tuple[Backend, ...]:
     try:
-        import iree.compiler  # noqa: F401
         import iree.runtime as rt
 
-        from .dialect.targets import TARGETS
+        from .dialect.targets import TARGETS, compiler_missing
     except ImportError as error:
         return (Backend("iree", "missing", f"the [mlir] extra is not installed ({error}): "
                                            "pip install 'topos[mlir]'"),)
     drivers = set(rt.query_available_drivers())
+    missing = compiler_missing()
     found = []
     for target in TARGETS.values():
-        found.append(Backend(f"iree:{target.name}", *_driver_status(rt, drivers, target.driver)))
+        status, detail = _driver_status(rt, drivers, target.driver)
+        if missing is not None and status == "available":  # only the runtime: modules compiled elsewhere run
+            status, detail = "run-only", (f"{detail}; no compiler here ({missing}): it runs modules compiled "
+                                          "elsewhere, from a compile cache (docs/deploy.md)")
+        elif missing is not None:
+            status, detail = "missing", f"{detail}; no compiler here either ({missing}): pip install iree-base-compiler"
+        found.append(Backend(f"iree:{target.name}", status, detail))
     return tuple(found)
 
 

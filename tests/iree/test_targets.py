@@ -78,6 +78,40 @@ def test_gpu_target_compiles_to_an_iree_module_without_its_device(name):
     assert declaration.count("%input") == len(compiled.arguments)
 
 
+@functools.cache
+def _layer_norm_step():
+    """A LayerNorm's training step: its gradient sums a negated value (the mean's share), as the GPT's does."""
+    from topos import nn
+
+    def model(tape):
+        layers = nn.Sequential(nn.Linear(128, 128), nn.LayerNorm(128), nn.Linear(128, 4))  # x needs its gradient
+        loss = (layers(tape.input(shape=(64, 128), name="x")) ** 2.0).sum()
+        return loss, topos.sgd(tape, tape.differentiate(loss, layers.parameters()), 0.1)
+
+    network, (loss, updates) = Tape.record(model)
+    return network.entry(updates.roots(loss)).lower()
+
+
+@pytest.mark.parametrize("name", ["cuda", "rocm"])
+def test_a_layer_norm_gradient_compiles_for_the_llvmgpu_targets(name):
+    # IREE 3.13 folds the negate into the sum as `out - in`, and its reduction pipeline (vector
+    # distribution) then finds no identity value; the targets turn that pipeline off for reductions.
+    compiled = _layer_norm_step().compile(name, cache=False)
+    assert "--iree-codegen-llvmgpu-use-reduction-vector-distribution=false" in compiled.flags
+    assert len(compiled.vmfb) > 1000
+
+
+def test_without_the_switch_iree_3_13_does_not_compile_a_layer_norm_gradient_for_cuda():
+    # Documents the IREE bug the switch works around: when this starts to pass, the switch can go.
+    from topos.dialect.compiled import CompileError, compile_stablehlo, module_flags
+
+    plan = _layer_norm_step()
+    flags = [f for f in module_flags(plan, TARGETS["cuda"], "host", None)
+             if not f.startswith("--iree-codegen-llvmgpu-use-reduction-vector-distribution")]
+    with pytest.raises(CompileError, match="neutral element for reduction"):
+        compile_stablehlo(plan.emit_stablehlo(), flags)
+
+
 def _run_or_refuse(name: str):
     """Forward on ``name``: where its device exists, grade the result; elsewhere expect a TargetError."""
     compiled = compiled_for(name)

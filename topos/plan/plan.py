@@ -252,6 +252,9 @@ class Plan:
 
     def emit_mlir(self, debug_info: bool = True) -> str:
         """This plan as topos-dialect MLIR text: one op per scheduled node, results in declared order."""
+        from ..dialect.targets import require_compiler
+
+        require_compiler("emitting a plan as MLIR")
         from ..dialect.emit import emit_text
 
         roots, observes = self._declared()
@@ -312,6 +315,9 @@ class Plan:
         one ``dot_general`` (what ``compile`` runs), or "named",
         ``stablehlo.convolution``.
         """
+        from ..dialect.targets import require_compiler
+
+        require_compiler("lowering a plan to StableHLO")
         from ..dialect.raising import CONVOLUTION_SPELLINGS
 
         if not isinstance(convolution, str) or convolution not in CONVOLUTION_SPELLINGS:
@@ -334,6 +340,9 @@ class Plan:
     def _stablehlo_with_timings(self, kinds=None, convolution: str = "columns") -> tuple[str, str, dict[str, float]]:
         import time
 
+        from ..dialect.targets import require_compiler
+
+        require_compiler("lowering a plan to StableHLO")
         from ..dialect.emit import emit_module
         from ..dialect.passes import load_pass_modules, run_pipeline
         from ..dialect.pipeline import to_stablehlo_with_locations
