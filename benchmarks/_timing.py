@@ -21,6 +21,12 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def relative_difference(got, want) -> float:
+    """max |got - want| / max |want|: how far ``got`` is from ``want``, on the scale of ``want``."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table with right-aligned numeric columns."""
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]

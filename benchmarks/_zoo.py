@@ -102,6 +102,20 @@ class Twin:
         return self.analysis() if self.analysis else None
 
 
+def topos_step(model: Model, compiled) -> Callable[[int], np.ndarray]:
+    """``step(k)``: step ``k`` of ``model`` on ``compiled`` (parameters resident, or frozen into the module
+    for a compile(frozen=...)), returning the value it reads back."""
+    if compiled.frozen is not None:
+        return lambda k: np.asarray(compiled.forward(feeds=model.feeds(k))[model.read])
+    state = [compiled.resident(model.parameters)]
+
+    def step(k):
+        state[0], run = compiled.step(state[0], model.feeds(k), model.updates)
+        return np.asarray(run[model.read])
+
+    return step
+
+
 def build(key: str) -> Model:
     if key not in MODELS:
         raise KeyError(f"unknown model {key!r}; choose from {', '.join(MODELS)}")

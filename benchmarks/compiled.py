@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
+from _timing import chosen_models, cpu_model, relative_difference, table, versions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -300,11 +300,7 @@ def agreement(results: dict[str, tuple[float, dict]], reference: str = "oracle")
     loss0, after0 = results[reference]
     out = {}
     for name, (loss, after) in results.items():
-        worst = 0.0
-        for key, want in after0.items():
-            got = np.asarray(after[key], np.float64)
-            want = np.asarray(want, np.float64)
-            worst = max(worst, float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30)))
+        worst = max((relative_difference(after[key], want) for key, want in after0.items()), default=0.0)
         out[name] = (abs(loss - loss0) / abs(loss0), worst)
     return out
 

@@ -54,8 +54,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
-from _timing import chosen_models, median_seconds, table  # noqa: E402
+from _timing import chosen_models, median_seconds, relative_difference, table  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
@@ -123,7 +122,7 @@ def conformance_check(target: str, families, dtypes, cache) -> tuple[dict, int]:
 # and again with its parameters frozen into the module.
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
+from _zoo import MODELS, build, jax_step, too_large, topos_step  # noqa: E402
 
 
 def _median_ms(run, steps: int) -> float:
@@ -146,19 +145,7 @@ def _topos_cells(built, target: str, steps: int, frozen: bool, cache) -> tuple[l
     except topos.ToposError as error:
         return [_refusal(error), "-"], []
     seconds = time.perf_counter() - started
-    read, k = built.read, [0]
-    if frozen:
-        def one_step():
-            k[0] += 1
-            return np.asarray(compiled.forward(feeds=built.feeds(k[0] - 1))[read])
-    else:
-        state = [compiled.resident(built.parameters)]
-
-        def one_step():
-            k[0] += 1
-            state[0], run = compiled.step(state[0], built.feeds(k[0] - 1), built.updates)
-            return np.asarray(run[read])
-
+    one_step = _counted(topos_step(built, compiled), 0)
     opening = [one_step(), one_step()]  # steps 0 and 1, as the jax twin takes them
     hit = " (cached)" if compiled.cache_hit else ""
     return [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}{hit}"], opening
@@ -171,20 +158,19 @@ def _jax_cells(built, steps: int, opening: list) -> list[str]:
     except Exception as error:  # noqa: BLE001  (a twin jax cannot build here: say so in its cell)
         return [f"failed: {' '.join(str(error).split())[:50]}", "-", "-"]
     theirs = twin.opening[:2] if twin.opening else [twin.step(0), twin.step(1)]
-    k = [2]
+    agreement = f"{max(relative_difference(a, b) for a, b in zip(opening, theirs)):.1e}" if opening else "-"
+    return [f"{_median_ms(_counted(twin.step, 2), steps):.3f}", f"{twin.compile_seconds:.1f}", agreement]
 
-    def one_step():
-        k[0] += 1
-        return twin.step(k[0] - 1)
 
-    agreement = "-"
-    if opening:
-        worst = 0.0
-        for ours, want in zip(opening, theirs):
-            ours, want = np.asarray(ours, np.float64), np.asarray(want, np.float64)
-            worst = max(worst, float(np.max(np.abs(ours - want)) / (np.max(np.abs(want)) + 1e-30)))
-        agreement = f"{worst:.1e}"
-    return [f"{_median_ms(one_step, steps):.3f}", f"{twin.compile_seconds:.1f}", agreement]
+def _counted(step, k: int):
+    """``step(k)``, then ``step(k + 1)``, ...: one call per step, as a timer calls it."""
+    counter = [k]
+
+    def next_step():
+        counter[0] += 1
+        return step(counter[0] - 1)
+
+    return next_step
 
 
 def _number(cell: str) -> bool:
@@ -262,7 +248,8 @@ def benchmark(target: str, steps: int, models=MODELS, cache=None) -> None:
 
 def _refusal(error: Exception) -> str:
     """A refused module's cell: IREE's first complaint, without the target's long description."""
-    lines = [line.strip() for line in str(error).splitlines() if "error:" in line] or [str(error)]
+    said = getattr(error, "bare", "") or str(error)  # a TargetError's message without the line it names
+    lines = [line.strip() for line in said.splitlines() if "error:" in line] or [said]
     return "refused: " + lines[0].split("error:", 1)[-1].strip()[:70]
 
 
@@ -329,10 +316,8 @@ def main(argv=None) -> int:
     if problem is not None:
         print(f"gpu_check: skipped: {problem}")
         return 0
-    if args.cache:
-        cache = CompileCache(args.cache)
-    else:
-        cache = CompileCache(tempfile.mkdtemp(prefix="topos-gpu-check-"))  # every module compiled here, afresh
+    # Without --cache every module is compiled here, afresh.
+    cache = CompileCache(args.cache or tempfile.mkdtemp(prefix="topos-gpu-check-"))
     started = time.perf_counter()
     print(f"gpu_check: target {chosen.name} (driver {chosen.driver}), flags {' '.join(chosen.flags)}; "
           f"compile cache {cache.directory}{'' if compiler_missing() is None else ' (no compiler here)'}\n")

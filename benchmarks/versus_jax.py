@@ -59,13 +59,12 @@ import time  # noqa: E402
 # Loaded before anything is timed, as jax is: a cache hit checks its module with the runtime, whose
 # first import in a process costs 20 ms warm and up to about 100 ms from a cold disk.
 import iree.runtime  # noqa: E402, F401
-import numpy as np  # noqa: E402
 
 from topos.dialect.cache import CompileCache  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, build, jax_step, too_large  # noqa: E402
+from _timing import chosen_models, cpu_model, relative_difference, table, versions  # noqa: E402
+from _zoo import MODELS, build, jax_step, too_large, topos_step  # noqa: E402
 
 CLOCK = 0 if THREADS == 2 else 1  # which of interleaved()'s clocks the table compares: wall with 2 threads
 
@@ -92,15 +91,7 @@ def topos_column(model, driver: str, frozen: bool = False):
         hit = time.perf_counter() - began
     if compiled.cache_hit or not again.cache_hit:
         raise RuntimeError("the compile-cache measurement did not see one miss then one hit")
-    if frozen:
-        return (lambda k: np.asarray(compiled.forward(feeds=model.feeds(k))[model.read])), first, hit, compiled
-    state = [compiled.resident(model.parameters)]
-
-    def step(k):
-        state[0], run = compiled.step(state[0], model.feeds(k), model.updates)
-        return np.asarray(run[model.read])
-
-    return step, first, hit, compiled
+    return topos_step(model, compiled), first, hit, compiled
 
 
 def interleaved(columns: dict, per_round: int, rounds: int) -> dict[str, tuple[float, float]]:
@@ -122,11 +113,6 @@ def interleaved(columns: dict, per_round: int, rounds: int) -> dict[str, tuple[f
         finally:
             gc.enable()
     return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in columns}
-
-
-def _relative(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
 
 
 def _ms(seconds: float) -> str:
@@ -181,7 +167,8 @@ def main() -> None:
         measured = interleaved(columns, PER_ROUND[key], args.rounds)
         timing = {name: pair[CLOCK] for name, pair in measured.items()}
         busy = {name: pair[1] / pair[0] for name, pair in measured.items()}  # CPU over wall: threads at work
-        agree = "—" if twin is None else f"{max(_relative(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
+        agree = "—" if twin is None else \
+            f"{max(relative_difference(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
         jax_ms = "absent" if twin is None else _ms(timing["jax"])
         ratio = "—" if twin is None else f"{timing['jax'] / timing['topos']:.2f}x"
         label = model.name + (" (frozen)" if compiled.frozen is not None else "")

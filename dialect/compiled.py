@@ -439,15 +439,11 @@ def transient_estimate(plan, data_tiled: bool, frozen: bool) -> int:
     its largest matmul operand (a frozen module's parameters are packed once,
     at load).
     """
-    network, largest = plan.network, 0
+    network = plan.network
     views = [n for n in plan.schedule if network._opcodes[n].name in _FOLDED_LAYOUTS]
-    if data_tiled:
-        for n in plan.schedule:
-            if network._opcodes[n].name == "matmul":
-                for j in network._operands[n]:
-                    if not (frozen and network._opcodes[j].name == "parameter"):
-                        largest = max(largest, spec_bytes(network._specs[j]))
-    return plan.working_peak(views) + largest
+    packed = [j for n in plan.schedule if data_tiled and network._opcodes[n].name == "matmul"
+              for j in network._operands[n] if not (frozen and network._opcodes[j].name == "parameter")]
+    return plan.working_peak(views) + max((spec_bytes(network._specs[j]) for j in packed), default=0)
 
 
 def uses_transient_storage(plan, driver: str, flags, frozen: bool, chosen: bool | None) -> bool:
