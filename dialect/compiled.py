@@ -42,6 +42,7 @@ from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
 from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
+from .narrow import check_extents, narrow_selections
 from .targets import (
     DATA_TILING_FLAGS,
     DATA_TILING_THRESHOLD,
@@ -346,14 +347,14 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
         compiled = CompiledPlan(plan, chosen, driver or chosen.driver, flags, None, vmfb, timings, True,
                                 frozen=frozen_values)
         compiled.cache_key = entry_key
-        compiled._rebuild = _rebuilder(store, entry_key, plan, flags, freezing, transients)
+        compiled._rebuild = _rebuilder(store, entry_key, plan, chosen, flags, freezing, transients)
         return compiled
     require_compiler(
         "compiling this plan", "" if store is None else
         f"pip install iree-base-compiler, or compile this plan where the compiler is, into a cache directory "
         f"(cache=DIR), and copy that directory here: {store.directory} holds no module for this plan, target "
         f"{chosen.name} and these flags (docs/deploy.md)")
-    text, located, stage_times = lowered(plan, freezing)
+    text, located, stage_times = lowered(plan, freezing, chosen)
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
@@ -395,14 +396,23 @@ def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
     return {i: bound[i] for i in wanted}
 
 
-def lowered(plan, frozen: bool) -> tuple[str, str, dict[str, float]]:
-    """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals."""
+def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str, dict[str, float]]:
+    """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals;
+    for a ``chosen`` target that narrows selections, its selections as i32 (``topos.dialect.narrow``)."""
+    narrow = chosen is not None and chosen.narrows_selections
+    if narrow:
+        assert chosen is not None  # for mypy: narrow says so
+        check_extents(plan.network, plan.entry.closure(), chosen.name)  # before any lowering
     text, located, times = plan._stablehlo_with_timings()
+    network = plan.network
     if frozen:
         began = time.perf_counter()
-        network = plan.network
         text, located = freeze_parameters(located, [key_of(network, i) for i in entry_parameters(plan)])
         times["freeze"] = time.perf_counter() - began
+    if narrow:
+        began = time.perf_counter()
+        text, located = narrow_selections(located)
+        times["narrow"] = time.perf_counter() - began
     return text, located, times
 
 
@@ -478,13 +488,13 @@ def with_transient_storage(located: str) -> str:
     return f"{located[:start]}{TRANSIENT_STORAGE}{separator}{located[start:]}"
 
 
-def _rebuilder(store: CompileCache, entry_key: str, plan, flags, frozen: bool,
+def _rebuilder(store: CompileCache, entry_key: str, plan, chosen: Target, flags, frozen: bool,
                transients: bool) -> Callable[[], bytes]:
     """For a cache hit the device refuses: evict the entry, lower and compile afresh, store the new module."""
 
     def rebuild() -> bytes:
         store.evict(entry_key)
-        _, located, _ = lowered(plan, frozen)
+        _, located, _ = lowered(plan, frozen, chosen)
         fresh = _compile(located, flags, transients)
         store.store(entry_key, fresh)
         return fresh
@@ -601,7 +611,7 @@ class CompiledPlan:
         (``with_transient_storage``), which is IREE's ABI, not StableHLO: this text has none.
         """
         if self._stablehlo is None:
-            self._stablehlo = lowered(self.plan, True)[0] if self._frozen is not None else self.plan.emit_stablehlo()
+            self._stablehlo = lowered(self.plan, self._frozen is not None, self.target)[0]
         return self._stablehlo
 
     def _load(self):
@@ -1062,7 +1072,9 @@ class _Invoker:
         self._usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
         self._list, self._ref = rt.VmVariantList, rt.VmRef
         self._element_type = rt.array_interop.map_dtype_to_element_type
-        self._dtypes = tuple(np.dtype(np.int64) if isinstance(network._specs[i].dtype, SelectionType)
+        # A target that narrows selections takes them as int32 (topos.dialect.narrow).
+        index = np.dtype(np.int32 if compiled.target.narrows_selections else np.int64)
+        self._dtypes = tuple(index if isinstance(network._specs[i].dtype, SelectionType)
                              else np.dtype(network._specs[i].dtype) for i in compiled.arguments)
         self._element_types = tuple(self._element_type(d) for d in self._dtypes)
         self._results = len(compiled.results)
@@ -1125,6 +1137,8 @@ class _Invoker:
 
     def _upload(self, k: int, array: np.ndarray):
         dtype = self._dtypes[k]
+        if dtype.kind == "i" and array.dtype != dtype:  # checked indices in [0, extent), extent within int32
+            array = array.astype(dtype)
         element_type = self._element_types[k] if array.dtype is dtype or array.dtype == dtype else (
             self._element_type(array.dtype))
         try:
@@ -1280,7 +1294,9 @@ class CompiledRun:
         if self._host is None:
             self._host = {}
         if k not in self._host:
-            self._host[k] = _host_view(self._outputs[k])
+            view = _host_view(self._outputs[k])
+            # int32: a selection a narrowing target returned (topos.dialect.narrow); int64 as everywhere else
+            self._host[k] = view.astype(np.int64) if view.dtype == np.int32 else view
         # A view of the result may be a view of the next step's state: each read is a copy.
         return own(self._host[k])
 

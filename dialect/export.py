@@ -17,7 +17,8 @@ The folder holds
 * ``inputs/`` and ``expected/``: the oracle's test vectors, ``.npy`` for
   float32, float64 and indices, raw little-endian ``.bin`` for bfloat16
   (NumPy's format has no bfloat16; ``iree-run-module`` reads it as
-  ``SHAPExbf16=@file.bin``);
+  ``SHAPExbf16=@file.bin``); indices are int64, or int32 for a target
+  that narrows selections (``vulkan``: ``topos.dialect.narrow``);
 * ``check.sh``: runs ``iree-run-module --expected_output`` on those
   vectors with tolerances from the envelopes; exit status 0 means the
   module reproduces the oracle on this machine.
@@ -109,7 +110,7 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     network = plan.network
     parameters = network.parameters() if parameters is None else parameters
     held = frozen_values_of(plan, parameters) if frozen else None  # a wrong table fails before IREE
-    text, located, _ = lowered(plan, frozen)
+    text, located, _ = lowered(plan, frozen, chosen)
     flags = module_flags(plan, chosen, cpu, data_tiling, frozen=frozen)
     flags += _STRIPPED if chosen.name != "llvm-cpu" else _STRIPPED + _STRIPPED_CPU
     vmfb = _compile(text, flags)  # the portable text: the module names no path of this machine
@@ -118,6 +119,9 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     oracle = network.entry(list(plan.entry.roots), observe=list(plan.entry.observes),
                            numerics=Numerics.EXACT).interpret(parameters, feeds)
     results = [(i, np.asarray(oracle[network.symbol(i)])) for i in compiled.results]
+    if chosen.narrows_selections:  # the module takes and returns selections as i32 (topos.dialect.narrow)
+        arguments = [_narrowed(np.asarray(a)) for a in arguments]
+        results = [(i, _narrowed(value)) for i, value in results]
 
     argument_rows = [_describe(network, i, k, np.asarray(a)) for k, (i, a) in
                      enumerate(zip(compiled.arguments, arguments))]
@@ -199,6 +203,10 @@ def _move_into_place(partial: Path, folder: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(partial, folder)
+
+
+def _narrowed(value: np.ndarray) -> np.ndarray:
+    return value.astype(np.int32) if value.dtype == np.int64 else value
 
 
 def _describe(network, i: int, position: int, value: np.ndarray) -> dict:

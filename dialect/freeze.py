@@ -69,7 +69,7 @@ def freeze_parameters(located: str, keys: Sequence[str]) -> tuple[str, str]:
         for name in _DIALECTS:
             context.dialects[name]  # the lookup loads the dialect
         module = ir.Module.parse(located)
-        main = _main(module)
+        main = main_of(module)
         block = main.regions[0].blocks[0]
         signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         frozen = len(keys)
@@ -99,7 +99,8 @@ def freeze_parameters(located: str, keys: Sequence[str]) -> tuple[str, str]:
         return str(module), module.operation.get_asm(enable_debug_info=True)
 
 
-def _main(module: ir.Module) -> ir.Operation:
+def main_of(module: ir.Module) -> ir.Operation:
+    """The module's @main function op."""
     from iree.compiler import ir
 
     for op in module.body.operations:
@@ -108,4 +109,4 @@ def _main(module: ir.Module) -> ir.Operation:
     raise ValueError("the StableHLO module has no @main")  # emission always writes one
 
 
-__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of"]
+__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of", "main_of"]

@@ -596,18 +596,36 @@ def _dot(a: ir.Value, b: ir.Value, batch: list[int], lhs: int, rhs: int, shape) 
     return _one("stablehlo.dot_general", [a, b], _tensor(tuple(shape), _element(a)), dot_dimension_numbers=numbers)
 
 
+def _total(x: ir.Value, axis: int | None, element: ir.Type) -> ir.Value:
+    """The sum of ``x`` along ``axis`` (None: of every element) as ``element``.
+
+    A negation is summed as the negation of the sum: the same bits
+    (negating is exact and rounding is symmetric, so every partial sum is
+    mirrored), one negation per sum instead of per element, and IREE 3.13
+    compiles it for the GPU targets. Given ``sum(-x)`` IREE folds the
+    negation into the reduction (``out - in``), for which its GPU reduction
+    pipelines find no identity value ("failed to get neutral element for
+    reduction"): LayerNorm's gradient holds one, so the small GPT's and
+    makemore transformer's training steps did not compile for cuda, rocm
+    or metal (docs/compiling.md, "float64 and target caveats").
+    """
+    negated = _producer(x, "stablehlo.negate")
+    if negated is not None:
+        return _unary("stablehlo.negate", _total(negated.operands[0], axis, element))
+    if axis is None:
+        # 1-D first: GPU targets fail on a multi-axis reduction to a scalar.
+        x, axis = _reshape(x, [math.prod(_shape(x))]), 0
+    return _convert(_sum(_widened(x), axis), element)
+
+
 def _full_sum(node: _Node) -> ir.Value:
     (x,) = node.operands
-    if not _shape(x):
-        return x
-    volume = math.prod(_shape(x))
-    # 1-D first: GPU targets fail on a multi-axis reduction to a scalar.
-    return _convert(_sum(_widened(_reshape(x, [volume])), 0), node.element)
+    return _total(x, None, node.element) if _shape(x) else x
 
 
 def _sum_along(node: _Node) -> ir.Value:
     (x,) = node.operands
-    return _convert(_sum(_widened(x), node.integer("axis")), node.element)
+    return _total(x, node.integer("axis"), node.element)
 
 
 def _broadcast(node: _Node) -> ir.Value:

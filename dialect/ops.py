@@ -160,7 +160,8 @@ def spec_of_type(mlir_type: ir.Type, extent: int | None = None) -> Spec:
     )
 
 
-def _is_selection_type(mlir_type: ir.Type) -> bool:
+def is_selection_type(mlir_type: ir.Type) -> bool:
+    """Whether ``mlir_type`` is a tensor of signless i64: how a selection is spelled in MLIR."""
     if not isinstance(mlir_type, ir.RankedTensorType):
         return False
     element = mlir_type.element_type
@@ -555,7 +556,7 @@ class _SourceOp(ToposOp):
     def _type_problems(self, operation: ir.Operation) -> Iterator[str]:
         result_type = operation.results[0].type
         extent = self._own_extent()
-        selection = _is_selection_type(result_type)
+        selection = is_selection_type(result_type)
         if selection and extent is None:
             yield "an i64 (selection) result needs the attribute `extent = <n> : i64`"
             return

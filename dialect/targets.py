@@ -51,8 +51,16 @@ class Target:
         """Whether bfloat16 compiles and computes right here (not in ``refuses``)."""
         return "bf16" not in self.refuses
 
+    @property
+    def narrows_selections(self) -> bool:
+        """Whether its modules take and return selections as int32 (``topos.dialect.narrow``)."""
+        return NARROW_SELECTIONS in self.flags
+
 
 _COMMON = ("--iree-input-type=stablehlo",)
+# Every i64 tensor of the module as i32, for a target whose shaders have no 64-bit
+# integers; @main's selections are narrowed before (topos.dialect.narrow explains why).
+NARROW_SELECTIONS = "--iree-input-demote-i64-to-i32"
 
 # Measured with IREE 3.13 over the conformance families (topos.dialect.conformance_cases).
 _F8_UNLOWERED = "IREE 3.13 cannot lower 8-bit float conversions for it ({})"
@@ -78,13 +86,8 @@ TARGETS: dict[str, Target] = {
     "cuda": Target(
         "cuda",
         # sm_90 fails in this IREE release ('missing GPU target'); sm_80 PTX
-        # is JIT-compiled by the driver on newer GPUs. IREE's reduction pipeline
-        # (vector distribution) fails on a sum whose input is negated, which IREE
-        # folds into the reduction as `out - in` ("failed to get neutral element
-        # for reduction"): LayerNorm's gradient, so the small GPT's and makemore
-        # transformer's training steps did not compile. Its other pipeline does.
-        ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80",
-         "--iree-codegen-llvmgpu-use-reduction-vector-distribution=false"),
+        # is JIT-compiled by the driver on newer GPUs.
+        ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"),
         "cuda",
         ("--iree-input-demote-f64-to-f32=false",),
         note="sm_80 PTX",
@@ -93,7 +96,7 @@ TARGETS: dict[str, Target] = {
     ),
     "vulkan": Target(
         "vulkan",
-        ("--iree-hal-target-backends=vulkan-spirv",),
+        ("--iree-hal-target-backends=vulkan-spirv", NARROW_SELECTIONS),
         "vulkan",
         supports_f64=False,
         note="generic SPIR-V; runs on Mesa lavapipe without a GPU",
@@ -118,8 +121,7 @@ TARGETS: dict[str, Target] = {
     ),
     "rocm": Target(
         "rocm",
-        ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942",
-         "--iree-codegen-llvmgpu-use-reduction-vector-distribution=false"),  # as cuda's
+        ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
         "hip",
         ("--iree-input-demote-f64-to-f32=false",),
         refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
@@ -186,8 +188,7 @@ SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
 # Options IREE keeps process-wide: the in-process compiler API (Session.set_flags)
 # answers 'option not found' for them, so a module whose flags hold one is compiled
 # by the iree-compile tool in a child process (dialect/compiled.py), which takes them.
-PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes",
-                                  "--iree-codegen-llvmgpu-use-reduction-vector-distribution"})
+PROCESS_WIDE_OPTIONS = frozenset({"--iree-llvmcpu-matmul-tile-bytes"})
 
 # IREE 3.13's llvm-cpu compiles a stablehlo.convolution into a direct loop
 # nest; its img2col preprocessing rewrites the convolution as an im2col copy

@@ -161,20 +161,42 @@ def test_the_vulkan_artifact_passes_its_check_where_a_vulkan_device_exists(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_indices_and_rank_zero_inputs_travel_too(tmp_path):
+def gather_plan():
     def record(tape):
         table = tape.parameter(np.arange(15, dtype=np.float32).reshape(5, 3) / 7, name="table")
         rows = tape.input(topos.selection(np.array([4, 0, 2, 2]), 5), name="rows")
         scale = tape.input(np.float32(0.5), name="scale")
         picked = table.gather(rows)
-        return (picked.sum() * scale).exp()
+        return rows, (picked.sum() * scale).exp()
 
-    network, out = Tape.record(record)
-    folder = network.entry([out]).lower().export(tmp_path / "gather", feeds={"scale": np.float32(0.25)})
+    network, (rows, out) = Tape.record(record)
+    return network.entry([out, rows]).lower()
+
+
+def test_indices_and_rank_zero_inputs_travel_too(tmp_path):
+    folder = gather_plan().export(tmp_path / "gather", feeds={"scale": np.float32(0.25)})
     manifest = json.loads((folder / "manifest.json").read_text())
     assert [(a["name"], a["shape"]) for a in manifest["arguments"]] == [("table", [5, 3]), ("rows", [4]),
                                                                         ("scale", [])]
     assert "--input=f32=@inputs/02_scale.bin" in (folder / "check.sh").read_text()
+    assert [r["dtype"] for r in manifest["results"]] == ["f32", "i64"]
+    done = run_check(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_vulkan_artifact_takes_and_returns_its_indices_as_int32(tmp_path):
+    folder = gather_plan().export(tmp_path / "vulkan", "vulkan")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [a["dtype"] for a in manifest["arguments"]] == ["f32", "i32", "f32"]
+    assert [r["dtype"] for r in manifest["results"]] == ["f32", "i32"]
+    assert np.load(folder / "inputs" / "01_rows.npy").dtype == np.int32
+    assert "xi32>" in (folder / "module.stablehlo.mlir").read_text()
+    import iree.runtime as rt
+
+    try:
+        rt.get_driver("vulkan").create_default_device()
+    except Exception as error:  # noqa: BLE001  (no loader or no device: the reason is the skip)
+        pytest.skip(f"no Vulkan device here to run check.sh ({error}); CI installs Mesa's lavapipe")
     done = run_check(folder)
     assert done.returncode == 0, done.stdout + done.stderr
 
