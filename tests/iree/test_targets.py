@@ -369,6 +369,22 @@ def test_vulkan_embedding_steps_match_the_llvm_cpu_steps(lavapipe):
         assert np.max(np.abs(got - want)) <= conformance.END_TO_END_ULPS * 2.0**-23 * np.max(np.abs(want))
 
 
+def test_a_frozen_vulkan_module_is_narrowed_too(lavapipe):
+    network, windows, loss, updates = _embedding_step()
+    plan = network.entry([loss, windows]).lower()
+    feeds = _embedding_feeds(0)
+    frozen = plan.compile("vulkan", cache=False, frozen=network.parameters())
+    head = next(line for line in frozen.stablehlo.splitlines() if "func.func @main" in line)
+    assert "util.global" in frozen.stablehlo and "tensor<64x3xi32>" in head and "xi64" not in head, head
+    try:
+        run = frozen.forward(feeds=feeds)
+    except TargetError as error:
+        pytest.skip(f"no working Vulkan device here: {error}")
+    want = float(plan.compile("llvm-cpu").forward(network.parameters(), feeds)[loss])
+    assert abs(float(run[loss]) - want) <= conformance.END_TO_END_ULPS * 2.0**-23 * abs(want)
+    assert np.array_equal(run[windows], feeds["windows"])
+
+
 def test_a_selection_past_int32_is_refused_for_vulkan():
     def model(tape):
         far = tape.input(extent=2**31 + 1, shape=(2,), name="far")
