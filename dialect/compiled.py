@@ -43,6 +43,7 @@ from topos.provenance import user_site
 from .cache import CompileCache, cache_for, plan_key
 from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
 from .narrow import check_extents, narrow_selections
+from .scatters import check_rows, split_scatters
 from .targets import (
     DATA_TILING_FLAGS,
     DATA_TILING_THRESHOLD,
@@ -398,21 +399,27 @@ def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
 
 def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str, dict[str, float]]:
     """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals;
-    for a ``chosen`` target that narrows selections, its selections as i32 (``topos.dialect.narrow``)."""
+    for a ``chosen`` target, what it needs: selections as i32 (``topos.dialect.narrow``), large
+    scatters in chunks (``topos.dialect.scatters``)."""
+    network, closure = plan.network, plan.entry.closure()
     narrow = chosen is not None and chosen.narrows_selections
-    if narrow:
-        assert chosen is not None  # for mypy: narrow says so
-        check_extents(plan.network, plan.entry.closure(), chosen.name)  # before any lowering
+    limit = None if chosen is None else chosen.scatter_limit
+    if chosen is not None:  # before any lowering
+        if narrow:
+            check_extents(network, closure, chosen.name)
+        if limit is not None:
+            check_rows(network, closure, chosen.name, limit)
     text, located, times = plan._stablehlo_with_timings()
-    network = plan.network
-    if frozen:
-        began = time.perf_counter()
-        text, located = freeze_parameters(located, [key_of(network, i) for i in entry_parameters(plan)])
-        times["freeze"] = time.perf_counter() - began
+    rewrites = [("freeze", lambda t: freeze_parameters(t, [key_of(network, i) for i in entry_parameters(plan)]))
+                ] if frozen else []
     if narrow:
+        rewrites.append(("narrow", narrow_selections))
+    if limit is not None and "stablehlo.scatter" in located:
+        rewrites.append(("scatters", lambda t: split_scatters(t, limit)))
+    for stage, rewrite in rewrites:
         began = time.perf_counter()
-        text, located = narrow_selections(located)
-        times["narrow"] = time.perf_counter() - began
+        text, located = rewrite(located)
+        times[stage] = time.perf_counter() - began
     return text, located, times
 
 

@@ -24,11 +24,9 @@ def dispatches_by_node(compiled) -> dict[int, tuple[str, ...]]:
     """Node index -> the names of the IREE dispatches whose regions compute it."""
     from iree.compiler import compile_str
 
-    located = compiled.plan.emit_stablehlo(debug_info=True)
-    if compiled.target.narrows_selections:  # as compile_plan did: IREE would warn of a changed signature
-        from .narrow import narrow_selections
+    from .compiled import lowered
 
-        located = narrow_selections(located)[1]
+    located = lowered(compiled.plan, False, compiled.target)[1]  # with the target's rewrites, as compiled
     text = compile_str(located, extra_args=[*compiled.flags, "--compile-to=flow", "--mlir-print-debuginfo",
                                             "--mlir-print-local-scope"])
     text = text.decode() if isinstance(text, bytes) else text

@@ -45,6 +45,9 @@ class Target:
     supports_f64: bool = True
     note: str = ""
     refuses: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # The most update elements one scatter may have here; a larger one is compiled as a chain
+    # of smaller ones (topos.dialect.scatters). None: no limit.
+    scatter_limit: int | None = None
 
     @property
     def supports_bf16(self) -> bool:
@@ -100,6 +103,7 @@ TARGETS: dict[str, Target] = {
         "vulkan",
         supports_f64=False,
         note="generic SPIR-V; runs on Mesa lavapipe without a GPU",
+        scatter_limit=2**15,  # measured on lavapipe: wrong sums from about 2^16 (topos.dialect.scatters)
         refuses=MappingProxyType({
             # Measured on Mesa lavapipe: bf16 constants and broadcasts come back as zeros,
             # log_softmax is wrong and matmul fails to compile ('vector.bitcast' not legalized).
