@@ -9,8 +9,10 @@ readings of the same spec, picked by ``--route``:
   kernels, the truth: ``entry.interpret``, which runs only what the entry
   reads, so other entries of the same spec need no feeds) and ``updates.apply``;
 * ``plan``: the same over a FAST plan of the training entry (BLAS, native math);
-* ``iree``: ``plan.compile("llvm-cpu")`` and ``compiled.step``, one IREE call
-  per step with the weights and the optimizer state on the device (the default).
+* ``iree``: ``plan.compile(target)`` and ``compiled.step``, one IREE call
+  per step with the weights and the optimizer state on the device (the default;
+  ``--target`` picks where: ``llvm-cpu`` by default, or ``vulkan`` for a GPU
+  through Vulkan (Mesa's lavapipe runs it on the CPU), ``cuda``, ``rocm``).
 
 Before training, the first ``--check`` steps of the chosen reading are run
 beside the oracle's from the same weights, and the losses must agree
@@ -35,6 +37,7 @@ import numpy as np
 
 import topos
 from topos import Numerics, ToposError
+from topos.dialect.targets import TARGETS, TargetError
 
 ROUTES = ("iree", "plan", "oracle")
 
@@ -44,6 +47,8 @@ def parser(description: str, steps: int, seed: int = 42) -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--route", choices=ROUTES, default="iree",
                         help="which reading of the spec trains: iree (compiled, default), plan (FAST plan), oracle")
+    parser.add_argument("--target", default="llvm-cpu", choices=sorted(TARGETS),
+                        help="where the iree route compiles and runs (default llvm-cpu)")
     parser.add_argument("--steps", type=_positive, default=steps, help=f"training steps (default {steps})")
     parser.add_argument("--seed", type=int, default=seed, help=f"seed of the data split, batches and init (default {seed})")
     parser.add_argument("--plot", metavar="PATH", help="write the loss curve to PATH (PNG, with matplotlib)")
@@ -73,6 +78,7 @@ class Trainer:
     updates: object
     route: str
     parameters: object = None  # the starting table (default: the network's initials)
+    target: str = "llvm-cpu"  # where the iree route compiles and runs
     compile_seconds: float = 0.0
     _state: object = field(default=None, repr=False)
 
@@ -86,7 +92,7 @@ class Trainer:
             self._plan = self.network.entry(roots, numerics=Numerics.FAST).lower()
         elif self.route == "iree":
             began = time.perf_counter()
-            self._compiled = self.network.entry(roots).lower().compile("llvm-cpu")
+            self._compiled = self.network.entry(roots).lower().compile(self.target)
             self.compile_seconds = time.perf_counter() - began
         self.reset()
 
@@ -112,7 +118,7 @@ class Trainer:
 class Reader:
     """A forward-only entry (evaluation, sampling) read the way the example trains: ``reader(table, feeds)``."""
 
-    def __init__(self, network, roots, route: str):
+    def __init__(self, network, roots, route: str, target: str = "llvm-cpu"):
         self.roots = list(roots)
         self.route = route
         if route == "oracle":
@@ -120,7 +126,7 @@ class Reader:
         elif route == "plan":
             self._plan = network.entry(self.roots, numerics=Numerics.FAST).lower()
         else:
-            self._compiled = network.entry(self.roots).lower().compile("llvm-cpu")
+            self._compiled = network.entry(self.roots).lower().compile(target)
 
     def __call__(self, table, feeds):
         """The run of this entry: index it by the roots' symbols."""
@@ -175,11 +181,12 @@ def fit(network, loss, updates, args, feeds_of: Callable[[int], dict],
     weights and undone; then ``args.steps`` steps train with the progress
     bar, and the report line says how it went.
     """
-    trainer = Trainer(network, loss, updates, args.route)
+    trainer = Trainer(network, loss, updates, args.route, target=args.target)
     checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
     began = time.perf_counter()
     losses = train(trainer, feeds_of, args.steps, args.quiet, description)
-    return trainer, losses, report(args.route, trainer, time.perf_counter() - began, args.steps, checked)
+    route = args.route if args.route != "iree" or args.target == "llvm-cpu" else f"iree on {args.target}"
+    return trainer, losses, report(route, trainer, time.perf_counter() - began, args.steps, checked)
 
 
 def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], rows: int) -> np.ndarray:
@@ -200,12 +207,13 @@ def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], row
 
 
 def run(main: Callable[[], None]) -> None:
-    """Call an example's ``main``; an ExampleError (bad data, bad options) is one line on stderr and exit status 1."""
+    """Call an example's ``main``; an ExampleError (bad data, bad options) or a TargetError (a ``--target``
+    this machine cannot run) is one line on stderr and exit status 1."""
     import sys
 
     try:
         main()
-    except ExampleError as error:
+    except (ExampleError, TargetError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
 

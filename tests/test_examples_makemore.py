@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAKEMORE = ROOT / "examples" / "makemore"
 UNIFORM = math.log(27)  # the loss of a model that knows nothing
 PNG = b"\x89PNG\r\n\x1a\n"
-REPORT = re.compile(r"route (iree|plan|oracle)(, compile \d+\.\d s)?, \d+\.\d\d ms/step"
+REPORT = re.compile(r"route (iree|iree on vulkan|plan|oracle)(, compile \d+\.\d s)?, \d+\.\d\d ms/step"
                     r"(, first steps within \d+\.\d\d ulps of the oracle)?")
 
 
@@ -95,6 +95,29 @@ def test_mlp_trains_and_prints_the_series_last_lines(route, small_names, capsys)
     lines = run("mlp", ["--steps", "60", "--hidden", "16", "--quiet", "--route", route, "--data", small_names], capsys)
     training, dev = check_tail(lines, route)
     assert training < UNIFORM + 0.2 and dev < UNIFORM
+
+
+LAVAPIPE = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+
+
+@pytest.mark.parametrize("name, argv", [("mlp", ["--hidden", "16"]),
+                                        ("transformer", ["--heads", "1", "--head-size", "8", "--batch", "4"])])
+def test_makemore_trains_on_vulkan_through_lavapipe(name, argv, small_names, capsys, monkeypatch):
+    """--target vulkan: the embedding's selections narrowed to i32 and its scatter compiled for SPIR-V."""
+    if not os.environ.get("VK_ICD_FILENAMES"):
+        if not LAVAPIPE.exists():
+            pytest.skip(f"Mesa lavapipe is not installed ({LAVAPIPE} is missing)")
+        monkeypatch.setenv("VK_ICD_FILENAMES", str(LAVAPIPE))
+    lines = run(name, ["--steps", "30", "--quiet", "--samples", "40", "--target", "vulkan", "--data", small_names,
+                       *argv], capsys)
+    training, dev = check_tail(lines, "iree on vulkan", count=40)  # the first 3 steps checked against the oracle
+    assert training < UNIFORM + 0.3 and dev < UNIFORM
+
+
+def test_an_unknown_target_is_refused_by_the_command_line(capsys):
+    with pytest.raises(SystemExit):
+        EXAMPLES["mlp"].main(["--target", "tpu"])
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
 
 
 def test_bigram_neural_loss_reaches_the_counting_loss(small_names, tmp_path, capsys):
@@ -190,6 +213,15 @@ def test_the_command_line_prints_the_error_not_a_traceback(tmp_path):
                           env={**os.environ, "TOPOS_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 1
     assert done.stderr.startswith("error: cannot read the names file") and "Traceback" not in done.stderr
+
+
+def test_a_target_without_its_driver_is_one_line_not_a_traceback(tmp_path):
+    # The Linux runtime wheel has no metal driver: the module compiles, and running it is refused.
+    done = subprocess.run([sys.executable, str(MAKEMORE / "bigram.py"), "--target", "metal", "--steps", "2",
+                           "--quiet"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TOPOS_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and "'metal' driver" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow  # torch and jax load and train too: about half a minute of the default run

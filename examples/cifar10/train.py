@@ -129,7 +129,7 @@ def main(argv=None) -> None:
 
     rows = min(args.test_batch, len(cifar.test_labels))
     test, logits = recorder(args, rows, training=False)
-    reader, table = Reader(test, [logits], args.route), test.parameters(trainer.table())
+    reader, table = Reader(test, [logits], args.route, args.target), test.parameters(trainer.table())
     test_accuracy = accuracy(lambda chunk: reader(table, {"images": cifar.normalized(chunk)})[logits],
                              cifar.test_images, cifar.test_labels, rows)
     if args.plot:

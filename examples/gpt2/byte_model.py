@@ -56,7 +56,7 @@ def train_and_sample(args, config, record_training: Callable, record_generation:
     count = (len(validation) - 1) // config.context
     x, y = windows(validation, np.arange(count) * config.context, config.context)
     evaluation, (_, validation_loss, _) = record_training(config, count, config.context, train=False)
-    value = float(Reader(evaluation, [validation_loss], args.route)(evaluation.parameters(trained),
+    value = float(Reader(evaluation, [validation_loss], args.route, args.target)(evaluation.parameters(trained),
                                                                   {"tokens": x, "targets": y})[validation_loss])
 
     sampler, generation = record_generation(config, batch=args.samples)

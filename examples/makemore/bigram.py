@@ -170,7 +170,7 @@ def main(argv=None) -> None:
     feeds_of = lambda step: {**pairs, "optim.lr": learning_rate(args, step)}  # noqa: E731
     trainer, losses, ran = fit(network, objective, updates, args, feeds_of, "makemore bigram")
 
-    trained = Reader(network, [loss, table], args.route)(trainer.table(), feeds_of(args.steps))
+    trained = Reader(network, [loss, table], args.route, args.target)(trainer.table(), feeds_of(args.steps))
     neural = np.asarray(trained[table], np.float64)
     neural_loss, counting_loss = float(trained[loss]), mean_loss(counting, xs, ys)
     words = {which: sample(names, lambda window, p=p: p[window[:, -1]], args.samples, 1, args.seed)

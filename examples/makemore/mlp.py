@@ -106,10 +106,11 @@ def main(argv=None) -> None:
     trained = trainer.table()
 
     dev, dev_loss = recorder(names, args, len(dev_x), "eval")
-    dev_run = Reader(dev, [dev_loss], args.route)(dev.parameters(trained), {"context": dev_x, "next": dev_y})
+    dev_run = Reader(dev, [dev_loss], args.route, args.target)(dev.parameters(trained),
+                                                               {"context": dev_x, "next": dev_y})
     dev_value = float(dev_run[dev_loss])
     sampler, probabilities = recorder(names, args, args.samples)
-    words = sample(names, sampler, probabilities, Reader(sampler, [probabilities], args.route),
+    words = sample(names, sampler, probabilities, Reader(sampler, [probabilities], args.route, args.target),
                    sampler.parameters(trained), args.samples, args.context, args.seed)
     if args.plot:
         plot(losses, args.plot, f"makemore MLP ({args.optimizer}, {args.route})")

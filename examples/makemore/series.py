@@ -87,7 +87,7 @@ def read_dev_and_sample(names: Names, network, row_loss, probabilities, trained,
     next-character probabilities; sampling has no targets, so it feeds '.'
     (their loss goes unread).
     """
-    inference = Reader(network, [row_loss, probabilities], args.route)
+    inference = Reader(network, [row_loss, probabilities], args.route, args.target)
 
     def read(root, context, following=None):
         following = np.zeros(len(context), np.int64) if following is None else following

@@ -142,7 +142,7 @@ def main(argv=None) -> None:
     trainer, losses, ran = fit(network, loss, updates, args, feeds_of, "makemore transformer")
     trained = trainer.table()
 
-    evaluation = Reader(network, [each, last], args.route)
+    evaluation = Reader(network, [each, last], args.route, args.target)
 
     def read(root, context, following=None):
         """One batch of the evaluation entry; sampling has no targets, so it feeds '.' (their losses go unread)."""

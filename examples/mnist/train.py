@@ -100,7 +100,7 @@ def main(argv=None) -> None:
 
     rows = min(args.test_batch, len(digits.test_labels))
     test, logits = recorder(digits, args, rows, training=False)
-    reader, table = Reader(test, [logits], args.route), test.parameters(trainer.table())
+    reader, table = Reader(test, [logits], args.route, args.target), test.parameters(trainer.table())
     test_accuracy = accuracy(lambda chunk: reader(table, {"images": chunk})[logits],
                              digits.test_images, digits.test_labels, rows)
     if args.plot:
