@@ -401,10 +401,11 @@ def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str,
     """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals;
     for a ``chosen`` target, what it needs: selections as i32 (``topos.dialect.narrow``), large
     scatters in chunks (``topos.dialect.scatters``)."""
-    network, closure = plan.network, plan.entry.closure()
+    network = plan.network
     narrow = chosen is not None and chosen.narrows_selections
     limit = None if chosen is None else chosen.scatter_limit
-    if chosen is not None:  # before any lowering
+    if chosen is not None and (narrow or limit is not None):  # the refusals come before any lowering
+        closure = plan.entry.closure()
         if narrow:
             check_extents(network, closure, chosen.name)
         if limit is not None:
@@ -1144,10 +1145,12 @@ class _Invoker:
 
     def _upload(self, k: int, array: np.ndarray):
         dtype = self._dtypes[k]
-        if dtype.kind == "i" and array.dtype != dtype:  # checked indices in [0, extent), extent within int32
-            array = array.astype(dtype)
-        element_type = self._element_types[k] if array.dtype is dtype or array.dtype == dtype else (
-            self._element_type(array.dtype))
+        if array.dtype is dtype or array.dtype == dtype:
+            element_type = self._element_types[k]
+        elif dtype.kind == "i":  # int64 indices for int32 (topos.dialect.narrow): checked in [0, extent < 2^31]
+            array, element_type = array.astype(dtype), self._element_types[k]
+        else:
+            element_type = self._element_type(array.dtype)
         try:
             view = self._allocate(self._memory, self._usage, self._device, array, element_type)
         except ValueError:  # "ndarray is not C-contiguous": the packer copied such an array into C order
