@@ -45,17 +45,28 @@ ROUTES = ("iree", "plan", "oracle")
 def parser(description: str, steps: int, seed: int = 42) -> argparse.ArgumentParser:
     """The options every example takes; an example adds its own to the parser returned."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--route", choices=ROUTES, default="iree",
-                        help="which reading of the spec trains: iree (compiled, default), plan (FAST plan), oracle")
-    parser.add_argument("--target", default="llvm-cpu", choices=sorted(TARGETS),
-                        help="where the iree route compiles and runs (default llvm-cpu)")
+    add_reading_options(parser, "trains")
     parser.add_argument("--steps", type=_positive, default=steps, help=f"training steps (default {steps})")
-    parser.add_argument("--seed", type=int, default=seed, help=f"seed of the data split, batches and init (default {seed})")
+    parser.add_argument("--seed", type=int, default=seed,
+                        help=f"seed of the data split, batches and init (default {seed})")
     parser.add_argument("--plot", metavar="PATH", help="write the loss curve to PATH (PNG, with matplotlib)")
     parser.add_argument("--check", type=int, default=3, metavar="N",
                         help="steps checked against the oracle before training (default 3; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def add_reading_options(parser: argparse.ArgumentParser, does: str = "runs") -> None:
+    """``--route`` and ``--target``: which reading of the spec ``does`` the work, and where IREE's runs."""
+    parser.add_argument("--route", choices=ROUTES, default="iree",
+                        help=f"which reading of the spec {does}: iree (compiled, default), plan (FAST plan), oracle")
+    parser.add_argument("--target", default="llvm-cpu", choices=sorted(TARGETS),
+                        help="where the iree route compiles and runs (default llvm-cpu)")
+
+
+def reading(args) -> str:
+    """The route as a report line names it: ``iree on vulkan`` for the iree route off its default target."""
+    return args.route if args.route != "iree" or args.target == "llvm-cpu" else f"iree on {args.target}"
 
 
 def _positive(text: str) -> int:
@@ -185,8 +196,7 @@ def fit(network, loss, updates, args, feeds_of: Callable[[int], dict],
     checked = check_against_oracle(network, loss, updates, args.route, feeds_of, min(args.check, args.steps), trainer)
     began = time.perf_counter()
     losses = train(trainer, feeds_of, args.steps, args.quiet, description)
-    route = args.route if args.route != "iree" or args.target == "llvm-cpu" else f"iree on {args.target}"
-    return trainer, losses, report(route, trainer, time.perf_counter() - began, args.steps, checked)
+    return trainer, losses, report(reading(args), trainer, time.perf_counter() - began, args.steps, checked)
 
 
 def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], rows: int) -> np.ndarray:

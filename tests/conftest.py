@@ -1,4 +1,4 @@
-"""Shared helpers for the core's tests: element types, tolerances, seeded data, line numbers.
+"""Shared helpers for the core's tests: element types, tolerances, seeded data, line numbers, lavapipe.
 
 Tolerances are stated in units of each element type's machine epsilon
 (the gap between 1 and the next number), so one table of "how many
@@ -8,8 +8,10 @@ roundings may this take" serves float64, float32 and bfloat16 alike.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +32,20 @@ EPSILON = {
 def element(request):
     """Each element type in turn."""
     return request.param
+
+
+LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+
+
+@pytest.fixture
+def lavapipe(monkeypatch):
+    """Vulkan on the CPU: VK_ICD_FILENAMES pointing at Mesa's lavapipe (unless the caller chose a Vulkan
+    ICD already); skipped where lavapipe is not installed."""
+    if not os.environ.get("VK_ICD_FILENAMES"):
+        if not LAVAPIPE_ICD.exists():
+            pytest.skip(f"Mesa lavapipe is not installed ({LAVAPIPE_ICD} is missing; "
+                        "apt-get install mesa-vulkan-drivers libvulkan1)")
+        monkeypatch.setenv("VK_ICD_FILENAMES", str(LAVAPIPE_ICD))
 
 
 def generator(*key) -> np.random.Generator:

@@ -222,21 +222,38 @@ def test_decoding_with_the_cache_is_bit_identical_to_recomputing_on_the_oracle()
         assert np.array_equal(row, decoder.prefill(recomputed)[0][:, position]), f"position {position}"
 
 
-def test_compiled_prefill_and_decode_agree_with_the_oracle_within_the_envelope(tmp_path):
+def _within_the_envelope_of_the_oracle(compiled, network, generation, table, tokens, known: int):
+    """Every position's logits of ``compiled`` (an iree Decoder) within the end-to-end envelope of the oracle's."""
     from topos.dialect.conformance import END_TO_END_ULPS
 
+    got = _step_by_step(compiled, tokens, known)
+    oracle = _step_by_step(sampling.Decoder(network, generation, table, "oracle"), tokens, known)
+    bound = END_TO_END_ULPS * float(np.finfo(np.float32).eps)
+    for position, (row, want) in enumerate(zip(got, oracle), start=known - 1):
+        assert np.abs(row - want).max() <= bound * np.abs(want).max(), f"position {position}"
+    return got
+
+
+def test_compiled_prefill_and_decode_agree_with_the_oracle_within_the_envelope(tmp_path):
     state = hf_state(TINY, seed=5)
     network, generation = record_generation(TINY, batch=2, draw=False)
     table = hf_gpt2.load(write_hf(tmp_path / "model.safetensors", state), network, TINY)
     tokens = _tokens(TINY, 2, seed=6)
-    compiled = _step_by_step(sampling.Decoder(network, generation, table, "iree"), tokens, known=3)
-    oracle = _step_by_step(sampling.Decoder(network, generation, table, "oracle"), tokens, known=3)
-    bound = END_TO_END_ULPS * float(np.finfo(np.float32).eps)
-    for position, (got, want) in enumerate(zip(compiled, oracle), start=2):
-        assert np.abs(got - want).max() <= bound * np.abs(want).max(), f"position {position}"
+    compiled = _within_the_envelope_of_the_oracle(sampling.Decoder(network, generation, table, "iree"), network,
+                                                  generation, table, tokens, known=3)
     want = torch_gpt2(state, TINY, tokens)[:, 2:]
     got = np.stack(compiled, axis=1)
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+def test_prefill_and_decode_on_vulkan_through_lavapipe_agree_with_the_oracle(lavapipe):
+    """target vulkan: both entries compiled for SPIR-V with the weights frozen in, the token and its position
+    narrowed to i32 at the module's edge, the caches fed back each call."""
+    network, generation = record_generation(TINY, batch=2, seed=9)
+    table = network.parameters()
+    decoder = sampling.Decoder(network, generation, table, "iree", target="vulkan")
+    _within_the_envelope_of_the_oracle(decoder, network, generation, table, _tokens(TINY, 2, seed=10), known=3)
+    assert [compiled.target.name for compiled in decoder.compiled] == ["vulkan", "vulkan"]
 
 
 def test_greedy_generation_is_the_same_with_and_without_the_cache():
@@ -362,6 +379,9 @@ def test_script_errors_are_messages(tmp_path, capsys):
     with pytest.raises(SystemExit):
         generate.main(["--no-such-option"])
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        generate.main(["--target", "tpu"])
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _script("train").main(["--route", "gpu"])
     assert "invalid choice: 'gpu'" in capsys.readouterr().err

@@ -97,17 +97,10 @@ def test_mlp_trains_and_prints_the_series_last_lines(route, small_names, capsys)
     assert training < UNIFORM + 0.2 and dev < UNIFORM
 
 
-LAVAPIPE = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
-
-
 @pytest.mark.parametrize("name, argv", [("mlp", ["--hidden", "16"]),
                                         ("transformer", ["--heads", "1", "--head-size", "8", "--batch", "4"])])
-def test_makemore_trains_on_vulkan_through_lavapipe(name, argv, small_names, capsys, monkeypatch):
+def test_makemore_trains_on_vulkan_through_lavapipe(name, argv, small_names, capsys, lavapipe):
     """--target vulkan: the embedding's selections narrowed to i32 and its scatter compiled for SPIR-V."""
-    if not os.environ.get("VK_ICD_FILENAMES"):
-        if not LAVAPIPE.exists():
-            pytest.skip(f"Mesa lavapipe is not installed ({LAVAPIPE} is missing)")
-        monkeypatch.setenv("VK_ICD_FILENAMES", str(LAVAPIPE))
     lines = run(name, ["--steps", "30", "--quiet", "--samples", "40", "--target", "vulkan", "--data", small_names,
                        *argv], capsys)
     training, dev = check_tail(lines, "iree on vulkan", count=40)  # the first 3 steps checked against the oracle

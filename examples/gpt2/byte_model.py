@@ -62,7 +62,7 @@ def train_and_sample(args, config, record_training: Callable, record_generation:
     sampler, generation = record_generation(config, batch=args.samples)
     weights = sampler.parameters(trained)
     prompt = np.full((args.samples, 1), ord("\n"), dtype=np.int64)
-    drawn = generate(Decoder(sampler, generation, weights, args.route), prompt, config.context - 1,
+    drawn = generate(Decoder(sampler, generation, weights, args.route, args.target), prompt, config.context - 1,
                      Sampling(args.temperature, args.top_k), init.Generator(args.seed + 1))
     words = [w for row in drawn for w in Bytes().decode(row).split("\n")[:-1] if w]  # whole lines only
     if args.save:

@@ -18,7 +18,7 @@ the weights (``sampling.Decoder``). Sampling is greedy at
 ``--top-k`` likeliest tokens.
 
 Run: python examples/gpt2/generate.py --weights gpt2/model.safetensors --tokenizer gpt2/ --prompt "Hello, I'm"
-     [--tokens 40] [--temperature 0.8 --top-k 40] [--route iree|plan|oracle]
+     [--tokens 40] [--temperature 0.8 --top-k 40] [--route iree|plan|oracle] [--target vulkan]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 import bpe  # noqa: E402
 import hf_gpt2  # noqa: E402
 import numpy as np  # noqa: E402
-from _training import ROUTES, ExampleError  # noqa: E402
+from _training import ExampleError, add_reading_options, reading  # noqa: E402
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder, Sampling, generate  # noqa: E402
 
@@ -54,7 +54,7 @@ def options() -> argparse.ArgumentParser:
     options.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1)")
     options.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     options.add_argument("--seed", type=int, default=42, help="seed of the sampling (and of random weights)")
-    options.add_argument("--route", choices=ROUTES, default="iree", help="iree (default), plan or oracle")
+    add_reading_options(options, "generates")
     return options
 
 
@@ -84,7 +84,7 @@ def main(argv=None) -> list[str]:
     network, generation = record_generation(config, batch=args.samples, length=len(prompt) + args.tokens,
                                             seed=args.seed, draw=args.weights is None)
     table = hf_gpt2.load(args.weights, network, config) if args.weights else network.parameters()
-    decoder = Decoder(network, generation, table, args.route)
+    decoder = Decoder(network, generation, table, args.route, args.target)
     ready = time.perf_counter()
     drawn = generate(decoder, np.tile(prompt, (args.samples, 1)), args.tokens,
                      Sampling(args.temperature, args.top_k), init.Generator(args.seed))
@@ -94,7 +94,7 @@ def main(argv=None) -> list[str]:
         print(text)
         print("---")
     running = done - ready - decoder.compile_seconds
-    print(f"route {args.route}: record and load {ready - began:.1f} s, compile {decoder.compile_seconds:.1f} s, "
+    print(f"route {reading(args)}: record and load {ready - began:.1f} s, compile {decoder.compile_seconds:.1f} s, "
           f"{args.tokens * args.samples / running:.1f} tokens/s")
     return texts
 

@@ -2,8 +2,8 @@
 
 ``gpt2.record_generation`` (and ``examples/llama``'s) records both graphs
 over one set of weight slots; :class:`Decoder` reads them the way ``--route`` says (the oracle's
-exact entries, FAST plans, or two IREE modules, each compiled on first use
-with the weights frozen in: ``compile(frozen=table)`` makes them module globals,
+exact entries, FAST plans, or two IREE modules for ``--target``, llvm-cpu by default, each compiled
+on first use with the weights frozen in: ``compile(frozen=table)`` makes them module globals,
 which IREE packs for its matmul microkernels once, when the module loads; a
 decode step multiplies one row by every weight, so packing them per call would cost
 as much as the products). The caches are plain arrays the host carries from
@@ -57,12 +57,15 @@ def pick(logits: np.ndarray, sampling: Sampling, generator: init.Generator) -> n
 
 
 class Decoder:
-    """The prefill and decode entries of a generation spec over one weight table, read one way."""
+    """The prefill and decode entries of a generation spec over one weight table, read one way.
 
-    def __init__(self, network, generation, table, route: str):
+    ``target`` (the iree route only): the IREE target both modules are compiled for.
+    """
+
+    def __init__(self, network, generation, table, route: str, target: str = "llvm-cpu"):
         if route not in ROUTES:
             raise ExampleError(f"unknown route {route!r}; pick one of {', '.join(ROUTES)}")
-        self.generation, self.route = generation, route
+        self.generation, self.route, self.target = generation, route, target
         self.compile_seconds = 0.0
         roots = (generation.prefill_roots(), generation.decode_roots())
         if route == "oracle":
@@ -78,7 +81,7 @@ class Decoder:
     def _compiled_run(self, network, roots, table, k: int, feeds):
         if self.compiled[k] is None:
             began = time.perf_counter()
-            self.compiled[k] = network.entry(roots[k]).lower().compile("llvm-cpu", frozen=table)
+            self.compiled[k] = network.entry(roots[k]).lower().compile(self.target, frozen=table)
             self.compile_seconds += time.perf_counter() - began
         return self.compiled[k].forward(feeds=feeds)
 

@@ -8,6 +8,7 @@ trains) or token ids (``--ids 1,15043``, for any other vocabulary; the
 new ids are printed). Nothing is downloaded.
 
 Run: python examples/llama/generate.py --weights tiny.safetensors --prompt "an" [--tokens 20] [--temperature 0]
+     [--route iree|plan|oracle] [--target vulkan]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(HERE))
 
 import hf_llama  # noqa: E402
 import numpy as np  # noqa: E402
-from _training import ROUTES, ExampleError  # noqa: E402
+from _training import ExampleError, add_reading_options, reading  # noqa: E402
 from llama import record_generation  # noqa: E402
 from sampling import Decoder, Sampling, generate  # noqa: E402
 
@@ -40,7 +41,7 @@ def options() -> argparse.ArgumentParser:
     options.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1)")
     options.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     options.add_argument("--seed", type=int, default=42)
-    options.add_argument("--route", choices=ROUTES, default="iree")
+    add_reading_options(options, "generates")
     return options
 
 
@@ -58,7 +59,8 @@ def main(argv=None) -> list[int]:
                            f"{len(prompt) + args.tokens} positions, but the model's context is {config.context}")
     began = time.perf_counter()
     network, generation = record_generation(config, length=len(prompt) + args.tokens, draw=False)
-    decoder = Decoder(network, generation, hf_llama.load(args.weights, network, config), args.route)
+    decoder = Decoder(network, generation, hf_llama.load(args.weights, network, config), args.route,
+                      args.target)
     ready = time.perf_counter()
     drawn = generate(decoder, np.array([prompt]), args.tokens, Sampling(args.temperature, args.top_k),
                      init.Generator(args.seed))[0]
@@ -67,7 +69,7 @@ def main(argv=None) -> list[int]:
         print("ids: " + ",".join(str(int(i)) for i in drawn))
     else:
         print(args.prompt + bytes(int(b) % 256 for b in drawn).decode("utf-8", errors="replace"))
-    print(f"route {args.route}: record and load {ready - began:.1f} s, compile {decoder.compile_seconds:.1f} s, "
+    print(f"route {reading(args)}: record and load {ready - began:.1f} s, compile {decoder.compile_seconds:.1f} s, "
           f"{args.tokens / seconds:.1f} tokens/s")
     return [int(i) for i in drawn]
 
