@@ -48,6 +48,9 @@ class Target:
     # The most update elements one scatter may have here; a larger one is compiled as a chain
     # of smaller ones (topos.dialect.scatters). None: no limit.
     scatter_limit: int | None = None
+    # Whether a scatter's updates widened from a narrow float (a bfloat16 scatter accumulates
+    # in float32) are kept out of its dispatch (topos.dialect.scatters.fence_widened_updates).
+    fences_widened_updates: bool = False
 
     @property
     def supports_bf16(self) -> bool:
@@ -94,6 +97,7 @@ TARGETS: dict[str, Target] = {
         "cuda",
         ("--iree-input-demote-f64-to-f32=false",),
         note="sm_80 PTX",
+        fences_widened_updates=True,  # else a bfloat16 scatter fails: 'fusion + hoisting patterns'
         refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
             "'LLVM Translation failed for operation: builtin.unrealized_conversion_cast'") for f8 in _F8}),
     ),
@@ -128,6 +132,7 @@ TARGETS: dict[str, Target] = {
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
         "hip",
         ("--iree-input-demote-f64-to-f32=false",),
+        fences_widened_updates=True,
         refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
             "'F8E5M2 and F8E4M3FN types are not supported on gfx942 (MI-300) or older chipsets'") for f8 in _F8}),
     ),
