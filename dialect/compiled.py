@@ -41,9 +41,10 @@ from topos.plan.plan import spec_bytes
 from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
+from .fences import fence_narrow_constants, fence_widened_updates
 from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
 from .narrow import check_extents, narrow_selections
-from .scatters import check_rows, fence_widened_updates, split_scatters
+from .scatters import check_rows, split_scatters
 from .targets import (
     DATA_TILING_FLAGS,
     DATA_TILING_THRESHOLD,
@@ -400,7 +401,7 @@ def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
 def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str, dict[str, float]]:
     """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals;
     for a ``chosen`` target, what it needs: selections as i32 (``topos.dialect.narrow``), large
-    scatters in chunks, widened scatter updates fenced (``topos.dialect.scatters``)."""
+    scatters in chunks (``topos.dialect.scatters``), the barriers it needs (``topos.dialect.fences``)."""
     network = plan.network
     narrow = chosen is not None and chosen.narrows_selections
     limit = None if chosen is None else chosen.scatter_limit
@@ -419,6 +420,8 @@ def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str,
         rewrites.append(("scatters", lambda t: split_scatters(t, limit)))
     if chosen is not None and chosen.fences_widened_updates and "stablehlo.scatter" in located:
         rewrites.append(("fences", fence_widened_updates))
+    if chosen is not None and chosen.fences_narrow_constants and "f16>" in located:  # bf16 and f16
+        rewrites.append(("constants", fence_narrow_constants))
     for stage, rewrite in rewrites:
         began = time.perf_counter()
         text, located = rewrite(located)

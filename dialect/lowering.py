@@ -385,7 +385,35 @@ def _source(node: _Node) -> ir.Value:
 
 
 def _leaf(node: _Node) -> ir.Value:
-    return _one("stablehlo.constant", [], node.type, value=node.attribute("value"))
+    value = node.attribute("value")
+    constant = _one("stablehlo.constant", [], node.type, value=value)
+    return _one("stablehlo.optimization_barrier", [constant], node.type) if _fenced(value) else constant
+
+
+def _fenced(value: ir.DenseElementsAttr) -> bool:
+    """Whether a recorded constant reaches IREE behind an ``optimization_barrier``, as data it cannot fold.
+
+    IREE 3.13 inlines a constant into the dispatches that read it, where LLVM
+    evaluates a math function of it at compile time under the no-NaN,
+    no-infinity assumptions of IREE's approximations: exp, logistic and expm1
+    of a NaN came out 0, and sin, cos and tan of a NaN or an infinity 0, where
+    the same dispatch run on the same values as an input gives NaN
+    (docs/reliability.md, iree-folded-nonfinite). Behind the barrier the
+    constant is a buffer, and the dispatch computes on it as on any input. So
+    a float constant holding a NaN or an infinity is fenced. Finite ones are
+    not: folded, they gave the run-time bits (subnormals aside, which the
+    folding keeps and the run flushes), and fencing one cost a step (the
+    MNIST LeNet's one-hot table: 22% slower). Nor are 8-bit floats, whose
+    constant subgraphs ``_folded`` computes with the oracle's kernels.
+    """
+    registered = registered_element(ir.ShapedType(value.type).element_type)
+    if registered is None or registered.dtype.itemsize == 1:
+        return False
+    dense = ir.DenseElementsAttr(value)
+    if dense.is_splat:
+        return not math.isfinite(ir.FloatAttr(dense.get_splat_value()).value)
+    with np.errstate(invalid="ignore"):
+        return not bool(np.isfinite(elements_array(value).astype(np.float64, copy=False)).all())
 
 
 def _exact(name: str) -> Callable[[_Node], ir.Value]:
@@ -734,12 +762,13 @@ def _placed(lanes: ir.Value, axis: int, first: int, extent: int, step: int) -> i
 
 def _gather(node: _Node) -> ir.Value:
     table, selection = node.operands
-    recorded = _producer(selection, "stablehlo.constant")
-    if recorded is not None and math.prod(_shape(selection)) == 1:
-        # IREE folds a gather of one recorded index into a one-element slice it then refuses
-        # (docs/reliability.md, iree-one-row-gather); the slice spelled here compiles.
-        index = int(ir.DenseIntElementsAttr(recorded.attributes["value"])[0])
-        return _reshape(_slice(table, 0, index, index + 1), node.shape)
+    start = _recorded_run(selection)
+    if start is not None:
+        # Recorded rows in a run (one index; positions 0..T-1) are a slice: the same copy. IREE
+        # folds a gather of one recorded index into a one-element slice it then refuses
+        # (docs/reliability.md, iree-one-row-gather), and metal could not compile a recorded
+        # index vector fused into a reduction's dispatch (docs/compiling.md); a slice compiles.
+        return _reshape(_slice(table, 0, start, start + math.prod(_shape(selection))), node.shape)
     picks = len(_shape(selection))
     rows = _shape(table)[1:]
     numbers = ir.Attribute.parse(
@@ -748,6 +777,17 @@ def _gather(node: _Node) -> ir.Value:
     )
     return _one("stablehlo.gather", [table, selection], node.type, dimension_numbers=numbers,
                 slice_sizes=_i64s((1,) + rows))
+
+
+def _recorded_run(selection: ir.Value) -> int | None:
+    """The first index when ``selection`` is a recorded constant of consecutive rows (k, k+1, ... in
+    row-major order), else None."""
+    recorded = _producer(selection, "stablehlo.constant")
+    if recorded is None:
+        return None
+    rows = np.asarray(ir.DenseIntElementsAttr(recorded.attributes["value"])).reshape(-1)
+    run = rows.size > 0 and bool(np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)))
+    return int(rows[0]) if run else None
 
 
 def _scatter(node: _Node) -> ir.Value:

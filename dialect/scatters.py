@@ -1,14 +1,4 @@
-"""Scatters rewritten for the GPU targets whose IREE code generation gets them wrong or refuses them.
-
-Two rewrites of the lowered StableHLO, each chosen by the target:
-
-* ``split_scatters``: in chunks, for a target that loses the updates of a
-  large scatter (``Target.scatter_limit``, vulkan);
-* ``fence_widened_updates``: an ``optimization_barrier`` between a scatter
-  and the convert that widens its updates, for a target that cannot
-  compile the two fused (``Target.fences_widened_updates``, cuda and rocm).
-
-**Chains.**
+"""Scatters in chunks, for a target that loses the updates of a large scatter (``Target.scatter_limit``).
 
 IREE 3.13's ``vulkan`` target computes a scatter of many updates wrongly,
 without a word. On Mesa's lavapipe, 2026-12-03: the small GPT's embedding
@@ -27,16 +17,6 @@ position order (llvm-cpu) would give the same bits; the link sizes
 (``limit`` elements, a whole number of rows) were checked on lavapipe
 against the oracle. A row wider than the limit is a TargetError before
 lowering (``check_rows``): no chain helps it.
-
-**Fences.** A bfloat16 (or float16) scatter accumulates in float32, so
-its updates arrive through a ``stablehlo.convert`` up from the narrow
-type. IREE 3.13's LLVMGPU pipeline (cuda, rocm) fuses that convert into
-the scatter's dispatch (through a reshape as well) and then fails
-("failed to apply fusion + hoisting patterns"); a float32 producer (a multiply, an exponential) fused the
-same way compiles, and vulkan and metal compile both (measured
-2026-12-04). With the widened updates behind an ``optimization_barrier``
-the convert runs in a dispatch of its own and the module compiles; the
-barrier changes no value.
 """
 
 from __future__ import annotations
@@ -78,42 +58,6 @@ def split_scatters(located: str, limit: int) -> tuple[str, str]:
         return str(module), module.operation.get_asm(enable_debug_info=True)
 
 
-def fence_widened_updates(located: str) -> tuple[str, str]:
-    """``located`` with every scatter whose updates a widening convert makes fenced off it -> (plain, located)."""
-    from iree.compiler import ir
-
-    from .context import new_context
-    from .lowering import _one
-
-    with new_context():
-        module = ir.Module.parse(located)
-        block = main_of(module).regions[0].blocks[0]
-        for scatter in [op.operation for op in block.operations if op.operation.name == "stablehlo.scatter"]:
-            updates = scatter.operands[2]
-            if not _widened_by_a_convert(updates):
-                continue
-            with ir.InsertionPoint(scatter), scatter.location:
-                scatter.operands[2] = _one("stablehlo.optimization_barrier", [updates], updates.type)
-        module.operation.verify()
-        return str(module), module.operation.get_asm(enable_debug_info=True)
-
-
-def _widened_by_a_convert(value: ir.Value) -> bool:
-    """Whether ``value`` is a float convert's result from a narrower float type, or a reshape of one."""
-    from iree.compiler import ir
-
-    producer = value.owner
-    while isinstance(producer, ir.OpView) and producer.operation.name == "stablehlo.reshape":
-        value = producer.operation.operands[0]
-        producer = value.owner
-    if not isinstance(producer, ir.OpView) or producer.operation.name != "stablehlo.convert":
-        return False
-    source = ir.RankedTensorType(producer.operation.operands[0].type).element_type
-    result = ir.RankedTensorType(value.type).element_type
-    floats = (source.maybe_downcast(), result.maybe_downcast())
-    return all(isinstance(t, ir.FloatType) for t in floats) and floats[0].width < floats[1].width
-
-
 def _split(scatter: ir.Operation, limit: int) -> None:
     """One scatter as lowering._scatter writes it (indices [positions, 1], updates [positions, ...])."""
     from iree.compiler import ir
@@ -138,4 +82,4 @@ def _split(scatter: ir.Operation, limit: int) -> None:
     scatter.erase()
 
 
-__all__ = ["check_rows", "fence_widened_updates", "split_scatters"]
+__all__ = ["check_rows", "split_scatters"]

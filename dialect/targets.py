@@ -48,9 +48,11 @@ class Target:
     # The most update elements one scatter may have here; a larger one is compiled as a chain
     # of smaller ones (topos.dialect.scatters). None: no limit.
     scatter_limit: int | None = None
-    # Whether a scatter's updates widened from a narrow float (a bfloat16 scatter accumulates
-    # in float32) are kept out of its dispatch (topos.dialect.scatters.fence_widened_updates).
+    # Barriers IREE needs here (topos.dialect.fences): a scatter's updates widened from a narrow
+    # float (a bfloat16 scatter accumulates in float32) kept out of its dispatch; a 16-bit float
+    # constant of more than one value kept out of its readers' dispatches.
     fences_widened_updates: bool = False
+    fences_narrow_constants: bool = False
 
     @property
     def supports_bf16(self) -> bool:
@@ -124,6 +126,7 @@ TARGETS: dict[str, Target] = {
         "metal",
         supports_f64=False,
         note="MSL source embedded; the Linux runtime wheel has no metal driver",
+        fences_narrow_constants=True,  # else 'spirv.Bitcast' op mismatch in result type bitwidth 16
         refuses=MappingProxyType({f8: _F8_UNLOWERED.format(
             "'spirv.Bitcast' op mismatch in result type bitwidth 8 and operand type bitwidth 32") for f8 in _F8}),
     ),

@@ -758,6 +758,63 @@ def test_fixed_one_recorded_row_gathered_compiles(compile_cache, index):
     _compiles_to_the_oracles_bits(network, results)
 
 
+@pytest.mark.parametrize("rows, run", [([1, 2, 3], True), ([[0, 1], [2, 3]], True), ([3, 1, 2], False),
+                                       ([2, 2], False)])
+def test_recorded_rows_in_a_run_are_gathered_as_a_slice(compile_cache, rows, run):
+    """Recorded positions k, k+1, ... (row-major) are a static slice of the table, the same copy as the
+    gather (metal could not compile such an index vector fused into a reduction); any other recorded
+    selection stays a gather. Both give the oracle's bits, NaN and -0.0 rows included."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        table = tape.parameter(np.array([[1.5, np.nan], [-0.0, 2.0], [-0.25, np.inf], [3.0, -1.0]], np.float32))
+        picked = table.gather(tape.leaf(topos.selection(rows, 4)))
+        return picked, picked.exp()
+
+    network, results = Tape.record(model)
+    text = network.entry(list(results)).lower().emit_stablehlo()
+    assert ("stablehlo.gather" in text) is not run, text
+    _compiles_to_the_oracles_bits(network, results)
+
+
+NONFINITE = np.array([np.nan, np.inf, -np.inf, 0.5, -1.0, 3.0], np.float32)
+
+
+@pytest.mark.parametrize("function", ["exp", "log", "sqrt", "tanh", "sin", "cos", "log1p", "expm1", "erf"])
+def test_fixed_math_of_a_recorded_nonfinite_constant_runs_instead_of_folding(compile_cache, function):
+    """iree-folded-nonfinite (2026-12-04): IREE inlined a recorded constant into its dispatch, where LLVM
+    evaluated exp, logistic and expm1 of a NaN to 0 and sin, cos and tan of a NaN or an infinity to 0
+    (under the no-NaN assumptions of IREE's approximations); the same module computed NaN from an input.
+    A float constant holding a NaN or an infinity now reaches IREE behind an optimization barrier."""
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        values = tape.leaf(NONFINITE)
+        return values.map(function), values.map(function) * 2.0
+
+    network, results = Tape.record(model)
+    text = network.entry(list(results)).lower().emit_stablehlo()
+    assert text.count("stablehlo.optimization_barrier") == 1, text
+    run = network.entry(list(results)).lower().compile("llvm-cpu", cache=False).forward(network.parameters())
+    oracle = network.forward(network.parameters())
+    for symbol in results:
+        got, want = np.asarray(run[symbol], np.float64), oracle[symbol].astype(np.float64)
+        assert np.array_equal(np.isnan(got), np.isnan(want)), (function, got, want)
+        finite = np.isfinite(want)
+        assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)]), (function, got)
+        assert np.allclose(got[finite], want[finite], rtol=1e-6, atol=0), (function, got, want)
+
+
+def test_a_finite_recorded_constant_is_not_fenced():
+    pytest.importorskip("iree.compiler")
+
+    def model(tape):
+        return tape.leaf(np.array([0.5, -1.0, 3.0], np.float32)).exp()
+
+    network, out = Tape.record(model)
+    assert "optimization_barrier" not in network.entry([out]).lower().emit_stablehlo()
+
+
 def test_fixed_one_element_slice_broadcast_to_more_axes_compiles(compile_cache):
     """iree-unit-slice-reshape's fifth form (the slow fuzz of 2026-12-02, at a logsumexp gradient):
     a one-element slice broadcast to a one-element value of more axes, returned and read by an
