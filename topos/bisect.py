@@ -182,7 +182,7 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     A node diverges when its compiled value is outside its envelope of the
     reference kernel applied to the compiled values of its operands (local
     error), so a downstream node is never blamed for error it inherited.
-    A reduction of constants that the plan computes on the host
+    A value of constants that the plan computes on the host
     (``Plan.folded_constants``) is judged on the oracle's operands, the
     ones it was computed from. ``rewrite`` (StableHLO text -> text) runs
     before IREE compiles: the way
@@ -213,7 +213,7 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     # operands (sources: what was fed), with its allowances (fused multiply-adds, flushed
     # subnormals); bisect adds the order, the blame and the report.
     judged = {r.index: r.deviation for r in conformance.check_values(network, values, sources, target)}
-    # A reduction of constants the plan computed on the host (Plan.folded_constants) read the
+    # A value of constants the plan computed on the host (Plan.folded_constants) read the
     # oracle's operands, not IREE's: it is judged on those.
     folded = [i for i in plan.folded_constants() if i in values]
     at_oracle = {j: oracle[network.symbol(j)] for i in folded for j in network._operands[i]}

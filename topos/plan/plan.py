@@ -270,7 +270,12 @@ class Plan:
         wrongly (docs/reliability.md, iree-splat-reduction). A gather from a
         constant table whose elements all have the same bits is a constant
         too, whatever the selection (the cotangent of a scatter of a summed
-        loss is one): every row it can pick is the same row.
+        loss is one): every row it can pick is the same row. So is any value
+        of constants holding a NaN or an infinity (``log`` of a negative
+        constant, ``0 / 0``, an overflowing product): LLVM folds math of such
+        values inside IREE's dispatches under no-NaN assumptions, and
+        ``exp(log(-1))`` came out as a neighbouring element's value; as a
+        leaf, the lowering fences it (docs/reliability.md, iree-folded-nonfinite).
         """
         from ..copies import splat, splat_element
         from ..interpret import _evaluate_into
@@ -300,8 +305,13 @@ class Plan:
             else:
                 constant[n] = opcode.name == "leaf" or (
                     not opcode.is_source and all(constant.get(j, False) for j in operands))
-        folded = [n for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED]
-        return {n: value_of(n) for n in folded}
+        folded = {n: value_of(n) for n in self.schedule if constant[n] and network._opcodes[n].name in _FOLDED}
+        for n in self.schedule:  # constants that are not finite: IREE folds math of them wrongly
+            if constant[n] and n not in folded and network._opcodes[n].name != "leaf" and _float(network, n):
+                value = value_of(n)
+                if not _finite(value):
+                    folded[n] = value
+        return {n: folded[n] for n in sorted(folded, key=self.schedule.index)}
 
     def emit_stablehlo(self, debug_info: bool = False, kinds=None, convolution: str = "columns") -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
@@ -384,6 +394,21 @@ class Plan:
 
 # Reductions of constants are computed on the host (see Plan.folded_constants).
 _FOLDED = frozenset({"sum", "sum_along", "matmul", "scatter", "fold", "logsumexp", "log_softmax"})
+
+
+def _float(network, n: int) -> bool:
+    from ..element import is_element
+
+    return is_element(network._specs[n].dtype)
+
+
+def _finite(array: np.ndarray) -> bool:
+    """True when no element is a NaN or an infinity (one element read for a splat)."""
+    from ..copies import is_splat, splat_element
+
+    probe = splat_element(array) if is_splat(array) else array
+    with np.errstate(invalid="ignore"):
+        return bool(np.isfinite(np.asarray(probe, dtype=np.float64)).all())
 
 
 def _same_bits(array: np.ndarray) -> bool:
