@@ -762,15 +762,21 @@ def _placed(lanes: ir.Value, axis: int, first: int, extent: int, step: int) -> i
 
 def _gather(node: _Node) -> ir.Value:
     table, selection = node.operands
-    start = _recorded_run(selection)
-    if start is not None:
+    picks = len(_shape(selection))
+    rows = _shape(table)[1:]
+    start, step = _recorded_run(selection)
+    if start is not None and step == 1:
         # Recorded rows in a run (one index; positions 0..T-1) are a slice: the same copy. IREE
         # folds a gather of one recorded index into a one-element slice it then refuses
         # (docs/reliability.md, iree-one-row-gather), and metal could not compile a recorded
         # index vector fused into a reduction's dispatch (docs/compiling.md); a slice compiles.
         return _reshape(_slice(table, 0, start, start + math.prod(_shape(selection))), node.shape)
-    picks = len(_shape(selection))
-    rows = _shape(table)[1:]
+    if start is not None:
+        # One recorded row picked again and again is that row broadcast. Gathered by the indices
+        # [0, 0], IREE wrote a table it also returned at row 0 only (docs/reliability.md,
+        # iree-gather-producer-fusion).
+        row = _reshape(_slice(table, 0, start, start + 1), rows)
+        return _broadcast_in_dim(row, node.shape, [picks + i for i in range(len(rows))])
     numbers = ir.Attribute.parse(
         f"#stablehlo.gather<offset_dims = {[picks + i for i in range(len(rows))]}, "
         f"collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {picks}>"
@@ -779,15 +785,17 @@ def _gather(node: _Node) -> ir.Value:
                 slice_sizes=_i64s((1,) + rows))
 
 
-def _recorded_run(selection: ir.Value) -> int | None:
-    """The first index when ``selection`` is a recorded constant of consecutive rows (k, k+1, ... in
-    row-major order), else None."""
+def _recorded_run(selection: ir.Value) -> tuple[int | None, int]:
+    """(first index, step) when ``selection`` is a recorded constant of rows k, k + step, ... (row-major)
+    with a step of 1 or 0 (one row, repeated), else (None, 0)."""
     recorded = _producer(selection, "stablehlo.constant")
     if recorded is None:
-        return None
+        return None, 0
     rows = np.asarray(ir.DenseIntElementsAttr(recorded.attributes["value"])).reshape(-1)
-    run = rows.size > 0 and bool(np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)))
-    return int(rows[0]) if run else None
+    for step in (1, 0):
+        if rows.size > 0 and np.array_equal(rows, rows[0] + step * np.arange(rows.size)):
+            return int(rows[0]), step
+    return None, 0
 
 
 def _scatter(node: _Node) -> ir.Value:

@@ -127,7 +127,7 @@ def test_iree_3_13_does_not_compile_a_recorded_index_vector_fused_into_a_sum_for
     from topos.dialect import lowering
     from topos.dialect.compiled import CompileError
 
-    monkeypatch.setattr(lowering, "_recorded_run", lambda selection: None)  # the run gathered, as before
+    monkeypatch.setattr(lowering, "_recorded_run", lambda selection: (None, 0))  # the run gathered, as before
     plan = _embedded_layer_norm_step()
     assert plan.emit_stablehlo().count('"stablehlo.gather"') == 2
     with pytest.raises(CompileError, match="failed to legalize operation 'memref.alloc'"):
