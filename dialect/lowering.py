@@ -547,12 +547,14 @@ def _expm1(x: ir.Value) -> ir.Value:
 
 
 def _sin(x: ir.Value) -> ir.Value:
-    """sin; IREE's float32 approximation loses small negative arguments, so use sin(x) = -sin(-x)."""
+    """sin; IREE's float32 approximation loses small negative arguments, so use sin(x) = -sin(-x), and
+    gives +0 for -0 (docs/reliability.md, iree-sin-negative-zero), so sin(+-0) is its argument."""
     if _is_f64(x):
         return _unary("stablehlo.sine", x)
-    negative = _compare(x, _like(0.0, x), "LT")
+    zero = _like(0.0, x)
     mirrored = _unary("stablehlo.negate", _unary("stablehlo.sine", _unary("stablehlo.negate", x)))
-    return _select(negative, mirrored, _unary("stablehlo.sine", x))
+    value = _select(_compare(x, zero, "LT"), mirrored, _unary("stablehlo.sine", x))
+    return _select(_compare(x, zero, "EQ"), x, value)
 
 
 # One entry per map function; MAP_FUNCTIONS in the core names the same set.
