@@ -165,9 +165,9 @@ def test_metal_reads_a_recorded_bfloat16_row_through_a_barrier():
 
 @pytest.mark.parametrize("name", [n for n in conformance_cases.FAMILIES if n != "linear"])
 def test_the_bfloat16_families_compile_for_metal(name):
-    # Refused until 2026-12-04 ('spirv.Bitcast' op mismatch, a widened bfloat16 constant). The linear
-    # family still is: IREE folds its gradient seed's constants into a bfloat16 one inside a matmul's
-    # dispatch ("failed to legalize operation 'vector.bitcast'").
+    # Refused until 2026-12-04 ('spirv.Bitcast' op mismatch, a bfloat16 constant in a dispatch). The
+    # linear family still is: metal compiles no bfloat16 matmul, of inputs either ("failed to legalize
+    # operation 'vector.bitcast'").
     plan = conformance_cases.record_family(name, topos.bfloat16).entry().lower()
     assert len(plan.compile("metal", cache=False).vmfb) > 1000
 
