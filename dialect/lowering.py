@@ -552,8 +552,9 @@ def _sin(x: ir.Value) -> ir.Value:
     if _is_f64(x):
         return _unary("stablehlo.sine", x)
     zero = _like(0.0, x)
+    negative = _compare(x, zero, "LT")
     mirrored = _unary("stablehlo.negate", _unary("stablehlo.sine", _unary("stablehlo.negate", x)))
-    value = _select(_compare(x, zero, "LT"), mirrored, _unary("stablehlo.sine", x))
+    value = _select(negative, mirrored, _unary("stablehlo.sine", x))
     return _select(_compare(x, zero, "EQ"), x, value)
 
 

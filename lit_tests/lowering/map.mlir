@@ -1,7 +1,8 @@
 // RUN: %topos-opt %s --split-input-file --topos-lower-to-stablehlo | filecheck %s
 
 // Each map function is one StableHLO op; erf is chlo.erf, which IREE's input pipeline legalizes.
-// float32 sin is mirrored for negative arguments (IREE's approximation loses small negative x).
+// float32 sin is mirrored for negative arguments (IREE's approximation loses small negative x),
+// and a zero argument is its own sine (IREE's gives +0 for -0).
 // CHECK-LABEL: func.func @functions
 // CHECK-NEXT:    %[[EXP:.+]] = stablehlo.exponential %arg0 : tensor<3xf32>
 // CHECK-NEXT:    %[[LOG:.+]] = stablehlo.log %[[EXP]] : tensor<3xf32>
@@ -13,7 +14,9 @@
 // CHECK-NEXT:    %[[SINE:.+]] = stablehlo.sine %[[FLIPPED]] : tensor<3xf32>
 // CHECK-NEXT:    %[[MIRRORED:.+]] = stablehlo.negate %[[SINE]] : tensor<3xf32>
 // CHECK-NEXT:    %[[DIRECT:.+]] = stablehlo.sine %[[TANH]] : tensor<3xf32>
-// CHECK-NEXT:    %[[SIN:.+]] = stablehlo.select %[[NEGATIVE]], %[[MIRRORED]], %[[DIRECT]]
+// CHECK-NEXT:    %[[VALUE:.+]] = stablehlo.select %[[NEGATIVE]], %[[MIRRORED]], %[[DIRECT]]
+// CHECK-NEXT:    %[[ISZERO:.+]] = stablehlo.compare EQ, %[[TANH]], %[[ZERO]]
+// CHECK-NEXT:    %[[SIN:.+]] = stablehlo.select %[[ISZERO]], %[[TANH]], %[[VALUE]]
 // CHECK-NEXT:    %[[COS:.+]] = stablehlo.cosine %[[SIN]] : tensor<3xf32>
 // CHECK-NEXT:    %[[LOG1P:.+]] = stablehlo.log_plus_one %[[COS]] : tensor<3xf32>
 // CHECK-NEXT:    %[[EXPM1:.+]] = stablehlo.exponential_minus_one %[[LOG1P]] : tensor<3xf32>

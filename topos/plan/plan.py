@@ -311,7 +311,7 @@ class Plan:
                 value = value_of(n)
                 if not _finite(value):
                     folded[n] = value
-        return {n: folded[n] for n in sorted(folded, key=self.schedule.index)}
+        return {n: folded[n] for n in self.schedule if n in folded}  # in schedule order
 
     def emit_stablehlo(self, debug_info: bool = False, kinds=None, convolution: str = "columns") -> str:
         """This plan lowered by the topos passes to verified StableHLO text (no topos ops left).
