@@ -44,6 +44,7 @@ from .cache import CompileCache, cache_for, plan_key
 from .fences import fence_narrow_constants, fence_widened_updates
 from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
 from .narrow import check_extents, narrow_selections
+from .reductions import split_reductions
 from .scatters import check_rows, split_scatters
 from .targets import (
     DATA_TILING_FLAGS,
@@ -401,7 +402,8 @@ def frozen_values_of(plan, parameters) -> dict[int, np.ndarray]:
 def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str, dict[str, float]]:
     """(plain, located StableHLO, stage seconds) of ``plan``; ``frozen``: its parameters as named globals;
     for a ``chosen`` target, what it needs: selections as i32 (``topos.dialect.narrow``), large
-    scatters in chunks (``topos.dialect.scatters``), the barriers it needs (``topos.dialect.fences``)."""
+    scatters in chunks (``topos.dialect.scatters``), long reductions in stages (``topos.dialect.reductions``),
+    the barriers it needs (``topos.dialect.fences``)."""
     network = plan.network
     narrow = chosen is not None and chosen.narrows_selections
     limit = None if chosen is None else chosen.scatter_limit
@@ -418,6 +420,9 @@ def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str,
         rewrites.append(("narrow", narrow_selections))
     if limit is not None and "stablehlo.scatter" in located:
         rewrites.append(("scatters", lambda t: split_scatters(t, limit)))
+    if chosen is not None and chosen.reduction_limit is not None and "stablehlo.reduce" in located:
+        reductions = chosen.reduction_limit
+        rewrites.append(("reductions", lambda t: split_reductions(t, reductions)))
     if chosen is not None and chosen.fences_widened_updates and "stablehlo.scatter" in located:
         rewrites.append(("fences", fence_widened_updates))
     if chosen is not None and chosen.fences_narrow_constants and "f16>" in located:  # bf16 and f16

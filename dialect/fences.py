@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .freeze import main_of
+from .freeze import rewrite_main
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -55,21 +55,18 @@ def fence_narrow_constants(located: str) -> tuple[str, str]:
 
 def _fenced_operands(located: str, operands_of) -> tuple[str, str]:
     """``located`` with the operands ``operands_of(op)`` names of each op of ``@main`` behind a barrier."""
-    from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
 
-    from .context import new_context
-    from .lowering import _one
+    def fence(op: ir.Operation) -> None:
+        from iree.compiler import ir
 
-    with new_context():
-        module = ir.Module.parse(located)
-        block = main_of(module).regions[0].blocks[0]
-        for op in [op.operation for op in block.operations]:
-            for k in operands_of(op):
-                value = op.operands[k]
-                with ir.InsertionPoint(op), op.location:
-                    op.operands[k] = _one("stablehlo.optimization_barrier", [value], value.type)
-        module.operation.verify()
-        return str(module), module.operation.get_asm(enable_debug_info=True)
+        from .lowering import _one
+
+        for k in operands_of(op):
+            value = op.operands[k]
+            with ir.InsertionPoint(op), op.location:
+                op.operands[k] = _one("stablehlo.optimization_barrier", [value], value.type)
+
+    return rewrite_main(located, fence)
 
 
 def _widened_by_a_convert(value: ir.Value) -> bool:

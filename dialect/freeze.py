@@ -109,4 +109,20 @@ def main_of(module: ir.Module) -> ir.Operation:
     raise ValueError("the StableHLO module has no @main")  # emission always writes one
 
 
-__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of", "main_of"]
+def rewrite_main(located: str, rewrite, name: str | None = None) -> tuple[str, str]:
+    """``located`` with ``rewrite(op)`` applied to each op of @main (each ``name`` op, if given), in
+    program order over the ops there before the first rewrite -> (plain, located) text."""
+    from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
+
+    from .context import new_context
+
+    with new_context():
+        module = ir.Module.parse(located)
+        block = main_of(module).regions[0].blocks[0]
+        for op in [op.operation for op in block.operations if name is None or op.operation.name == name]:
+            rewrite(op)
+        module.operation.verify()
+        return str(module), module.operation.get_asm(enable_debug_info=True)
+
+
+__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of", "main_of", "rewrite_main"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .freeze import main_of
+from .freeze import rewrite_main
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -45,17 +45,7 @@ def check_rows(network, closure, target_name: str, limit: int) -> None:
 
 def split_scatters(located: str, limit: int) -> tuple[str, str]:
     """``located`` with every scatter of more than ``limit`` update elements as a chain -> (plain, located)."""
-    from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
-
-    from .context import new_context
-
-    with new_context():
-        module = ir.Module.parse(located)
-        block = main_of(module).regions[0].blocks[0]
-        for op in [op.operation for op in block.operations if op.operation.name == "stablehlo.scatter"]:
-            _split(op, limit)
-        module.operation.verify()
-        return str(module), module.operation.get_asm(enable_debug_info=True)
+    return rewrite_main(located, lambda op: _split(op, limit), "stablehlo.scatter")
 
 
 def _split(scatter: ir.Operation, limit: int) -> None:

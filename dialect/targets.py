@@ -48,6 +48,9 @@ class Target:
     # The most update elements one scatter may have here; a larger one is compiled as a chain
     # of smaller ones (topos.dialect.scatters). None: no limit.
     scatter_limit: int | None = None
+    # The longest axis one reduction may reduce here; a longer one is reduced in stages
+    # (topos.dialect.reductions). None: no limit.
+    reduction_limit: int | None = None
     # Barriers IREE needs here (topos.dialect.fences): a scatter's updates widened from a narrow
     # float (a bfloat16 scatter accumulates in float32) kept out of its dispatch; a 16-bit float
     # constant of more than one value kept out of its readers' dispatches.
@@ -110,6 +113,7 @@ TARGETS: dict[str, Target] = {
         supports_f64=False,
         note="generic SPIR-V; runs on Mesa lavapipe without a GPU",
         scatter_limit=2**15,  # measured on lavapipe: wrong sums from about 2^16 (topos.dialect.scatters)
+        reduction_limit=2**15,  # measured on lavapipe: at most 65,535 elements summed (topos.dialect.reductions)
         refuses=MappingProxyType({
             # Measured on Mesa lavapipe: bf16 constants and broadcasts come back as zeros,
             # log_softmax is wrong and matmul fails to compile ('vector.bitcast' not legalized).
