@@ -42,7 +42,7 @@ from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
 from .fences import fence_narrow_constants, fence_widened_updates
-from .freeze import SCOPE, as_bytes, freeze_parameters, key_of
+from .freeze import SCOPE, as_bytes, freeze_parameters, key_of, rewrite_module
 from .narrow import check_extents, narrow_selections
 from .reductions import split_reductions
 from .scatters import check_rows, split_scatters
@@ -414,24 +414,32 @@ def lowered(plan, frozen: bool, chosen: Target | None = None) -> tuple[str, str,
         if limit is not None:
             check_rows(network, closure, chosen.name, limit)
     text, located, times = plan._stablehlo_with_timings()
-    rewrites = [("freeze", lambda t: freeze_parameters(t, [key_of(network, i) for i in entry_parameters(plan)]))
-                ] if frozen else []
-    if narrow:
-        rewrites.append(("narrow", narrow_selections))
-    if limit is not None and "stablehlo.scatter" in located:
-        rewrites.append(("scatters", lambda t: split_scatters(t, limit)))
-    if chosen is not None and chosen.reduction_limit is not None and "stablehlo.reduce" in located:
-        reductions = chosen.reduction_limit
-        rewrites.append(("reductions", lambda t: split_reductions(t, reductions)))
-    if chosen is not None and chosen.fences_widened_updates and "stablehlo.scatter" in located:
-        rewrites.append(("fences", fence_widened_updates))
-    if chosen is not None and chosen.fences_narrow_constants and "f16>" in located:  # bf16 and f16
-        rewrites.append(("constants", fence_narrow_constants))
-    for stage, rewrite in rewrites:
+    if frozen:
         began = time.perf_counter()
-        text, located = rewrite(located)
-        times[stage] = time.perf_counter() - began
+        text, located = freeze_parameters(located, [key_of(network, i) for i in entry_parameters(plan)])
+        times["freeze"] = time.perf_counter() - began
+    stages = [] if chosen is None else _target_stages(chosen, located)
+    if stages:  # on one parse of the module
+        text, located, rewritten = rewrite_module(located, stages)
+        times.update(rewritten)
     return text, located, times
+
+
+def _target_stages(chosen: Target, located: str) -> list:
+    """(stage, rewrite of the parsed module) for what ``chosen`` needs of this StableHLO, in order."""
+    stages: list = []
+    if chosen.narrows_selections:
+        stages.append(("narrow", narrow_selections))
+    scatters, reductions = chosen.scatter_limit, chosen.reduction_limit
+    if scatters is not None and "stablehlo.scatter" in located:
+        stages.append(("scatters", lambda module: split_scatters(module, scatters)))
+    if reductions is not None and "stablehlo.reduce" in located:
+        stages.append(("reductions", lambda module: split_reductions(module, reductions)))
+    if chosen.fences_widened_updates and "stablehlo.scatter" in located:
+        stages.append(("fences", fence_widened_updates))
+    if chosen.fences_narrow_constants and "f16>" in located:  # bf16 and f16
+        stages.append(("constants", fence_narrow_constants))
+    return stages
 
 
 # A local-task module whose transients (packed weights, activations a backward reads, ...)

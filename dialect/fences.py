@@ -4,7 +4,7 @@ An ``optimization_barrier`` hands its operand on unchanged; IREE then keeps
 the value out of its readers' dispatches (it is computed in one of its
 own, or stored as a buffer), which is all the rewrites below want. Each is
 chosen by a field of the target (``topos.dialect.targets``) and applied to
-the lowered StableHLO by ``compiled.lowered``:
+the parsed StableHLO module by ``compiled.lowered``:
 
 * ``fence_widened_updates`` (``Target.fences_widened_updates``: cuda, rocm).
   A bfloat16 (or float16) scatter accumulates in float32, so its updates
@@ -29,44 +29,41 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .freeze import rewrite_main
+from .freeze import ops_of_main
 
 if TYPE_CHECKING:
     from iree.compiler import ir
 
 
-def fence_widened_updates(located: str) -> tuple[str, str]:
-    """``located`` with every scatter's updates fenced where a widening convert makes them -> (plain, located)."""
+def fence_widened_updates(module: ir.Module) -> None:
+    """Every scatter's updates of ``module`` fenced where a widening convert makes them."""
 
     def fence(op: ir.Operation) -> list[int]:
         return [2] if op.name == "stablehlo.scatter" and _widened_by_a_convert(op.operands[2]) else []
 
-    return _fenced_operands(located, fence)
+    _fenced_operands(module, fence)
 
 
-def fence_narrow_constants(located: str) -> tuple[str, str]:
-    """``located`` with every read of a non-splat 16-bit float constant fenced -> (plain, located)."""
+def fence_narrow_constants(module: ir.Module) -> None:
+    """Every read of a non-splat 16-bit float constant in ``module`` fenced."""
 
     def fence(op: ir.Operation) -> list[int]:
         return [k for k, operand in enumerate(op.operands) if _narrow_constant(operand)]
 
-    return _fenced_operands(located, fence)
+    _fenced_operands(module, fence)
 
 
-def _fenced_operands(located: str, operands_of) -> tuple[str, str]:
-    """``located`` with the operands ``operands_of(op)`` names of each op of ``@main`` behind a barrier."""
+def _fenced_operands(module: ir.Module, operands_of) -> None:
+    """The operands ``operands_of(op)`` names of each op of ``module``'s @main behind a barrier."""
+    from iree.compiler import ir
 
-    def fence(op: ir.Operation) -> None:
-        from iree.compiler import ir
+    from .lowering import _one
 
-        from .lowering import _one
-
+    for op in ops_of_main(module):
         for k in operands_of(op):
             value = op.operands[k]
             with ir.InsertionPoint(op), op.location:
                 op.operands[k] = _one("stablehlo.optimization_barrier", [value], value.type)
-
-    return rewrite_main(located, fence)
 
 
 def _widened_by_a_convert(value: ir.Value) -> bool:

@@ -109,20 +109,34 @@ def main_of(module: ir.Module) -> ir.Operation:
     raise ValueError("the StableHLO module has no @main")  # emission always writes one
 
 
-def rewrite_main(located: str, rewrite, name: str | None = None) -> tuple[str, str]:
-    """``located`` with ``rewrite(op)`` applied to each op of @main (each ``name`` op, if given), in
-    program order over the ops there before the first rewrite -> (plain, located) text."""
+def ops_of_main(module: ir.Module, name: str | None = None) -> list[ir.Operation]:
+    """The ops of ``module``'s @main (each ``name`` op, if given), listed before any is rewritten."""
+    block = main_of(module).regions[0].blocks[0]
+    return [op.operation for op in block.operations if name is None or op.operation.name == name]
+
+
+def rewrite_module(located: str, stages) -> tuple[str, str, dict[str, float]]:
+    """``located`` parsed once, each ``(stage, rewrite)`` of ``stages`` applied to the module in turn, verified
+    and printed once -> (plain text, located text, seconds per stage)."""
+    import time
+
     from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
 
     from .context import new_context
 
+    times: dict[str, float] = {}
+    started = time.perf_counter()
     with new_context():
         module = ir.Module.parse(located)
-        block = main_of(module).regions[0].blocks[0]
-        for op in [op.operation for op in block.operations if name is None or op.operation.name == name]:
-            rewrite(op)
+        for stage, rewrite in stages:
+            began = time.perf_counter()
+            rewrite(module)
+            times[stage] = time.perf_counter() - began
         module.operation.verify()
-        return str(module), module.operation.get_asm(enable_debug_info=True)
+        plain, located = str(module), module.operation.get_asm(enable_debug_info=True)
+    times["parse and print"] = time.perf_counter() - started - sum(times.values())
+    return plain, located, times
 
 
-__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of", "main_of", "rewrite_main"]
+__all__ = ["GLOBAL_PREFIX", "SCOPE", "as_bytes", "freeze_parameters", "key_of", "main_of", "ops_of_main",
+           "rewrite_module"]

@@ -46,43 +46,38 @@ def check_extents(network, closure, target_name: str) -> None:
                 f"32-bit integers (at most {I32_LIMIT}); compile this plan for llvm-cpu or cuda")
 
 
-def narrow_selections(located: str) -> tuple[str, str]:
-    """``located`` with ``@main``'s ``i64`` arguments and results as ``i32`` -> (plain text, located text).
+def narrow_selections(module: ir.Module) -> None:
+    """``module``'s ``@main`` with its ``i64`` arguments and results as ``i32``.
 
     Each conversion keeps the location of the value it converts, so a
     diagnostic about it still names the input and its recording line.
     """
     from iree.compiler import ir  # here, not above: a CompiledPlan runs where only IREE's runtime is installed
 
-    from .context import new_context
     from .ops import is_selection_type
 
-    with new_context():
-        module = ir.Module.parse(located)
-        main = main_of(module)
-        block = main.regions[0].blocks[0]
-        signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
-        top = ir.InsertionPoint.at_block_begin(block)
-        for argument in block.arguments:
-            wide = argument.type
-            if is_selection_type(wide):
-                argument.set_type(_as_i32(wide))
-                with argument.location:
-                    convert = ir.Operation.create("stablehlo.convert", results=[wide], operands=[argument])
-                top.insert(convert)
-                argument.replace_all_uses_with(convert.result)
-                convert.operands[0] = argument  # the line above pointed the conversion at itself
-        ending = block.operations[len(block.operations) - 1]
-        for k, value in enumerate(ending.operands):
-            if is_selection_type(value.type):
-                with ending.location:
-                    convert = ir.Operation.create("stablehlo.convert", results=[_as_i32(value.type)],
-                                                  operands=[value], ip=ir.InsertionPoint(ending))
-                ending.operands[k] = convert.result
-        main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in block.arguments], [_as_i32(t) if is_selection_type(t) else t for t in signature.results]))
-        module.operation.verify()
-        return str(module), module.operation.get_asm(enable_debug_info=True)
+    main = main_of(module)
+    block = main.regions[0].blocks[0]
+    signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    top = ir.InsertionPoint.at_block_begin(block)
+    for argument in block.arguments:
+        wide = argument.type
+        if is_selection_type(wide):
+            argument.set_type(_as_i32(wide))
+            with argument.location:
+                convert = ir.Operation.create("stablehlo.convert", results=[wide], operands=[argument])
+            top.insert(convert)
+            argument.replace_all_uses_with(convert.result)
+            convert.operands[0] = argument  # the line above pointed the conversion at itself
+    ending = block.operations[len(block.operations) - 1]
+    for k, value in enumerate(ending.operands):
+        if is_selection_type(value.type):
+            with ending.location:
+                convert = ir.Operation.create("stablehlo.convert", results=[_as_i32(value.type)],
+                                              operands=[value], ip=ir.InsertionPoint(ending))
+            ending.operands[k] = convert.result
+    main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        [a.type for a in block.arguments], [_as_i32(t) if is_selection_type(t) else t for t in signature.results]))
 
 
 def _as_i32(mlir_type: ir.Type) -> ir.Type:

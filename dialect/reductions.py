@@ -22,15 +22,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .freeze import rewrite_main
+from .freeze import ops_of_main
 
 if TYPE_CHECKING:
     from iree.compiler import ir
 
 
-def split_reductions(located: str, limit: int) -> tuple[str, str]:
-    """``located`` with every reduction along an axis longer than ``limit`` in stages -> (plain, located)."""
-    return rewrite_main(located, lambda op: _split(op, limit), "stablehlo.reduce")
+def split_reductions(module: ir.Module, limit: int) -> None:
+    """Every reduction of ``module`` along an axis longer than ``limit`` in stages."""
+    for op in ops_of_main(module, "stablehlo.reduce"):
+        _split(op, limit)
 
 
 def _split(reduce: ir.Operation, limit: int) -> None:

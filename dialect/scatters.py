@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .freeze import rewrite_main
+from .freeze import ops_of_main
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -43,9 +43,10 @@ def check_rows(network, closure, target_name: str, limit: int) -> None:
                     f"{limit} elements on {target_name} (docs/compiling.md); compile this plan for llvm-cpu or cuda")
 
 
-def split_scatters(located: str, limit: int) -> tuple[str, str]:
-    """``located`` with every scatter of more than ``limit`` update elements as a chain -> (plain, located)."""
-    return rewrite_main(located, lambda op: _split(op, limit), "stablehlo.scatter")
+def split_scatters(module: ir.Module, limit: int) -> None:
+    """Every scatter of ``module`` with more than ``limit`` update elements as a chain."""
+    for op in ops_of_main(module, "stablehlo.scatter"):
+        _split(op, limit)
 
 
 def _split(scatter: ir.Operation, limit: int) -> None:
