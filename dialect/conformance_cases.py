@@ -67,8 +67,19 @@ class Recorder:
         return self._rng((key, tuple(shape), low, high)).uniform(low, high, shape).astype(self.dtype)
 
     def logs(self, shape, low: float, high: float, key: str = "") -> np.ndarray:
-        """Seeded positive data, uniform in log2 between 2**low and 2**high."""
-        return np.exp2(self._rng((key, tuple(shape), "log", low, high)).uniform(low, high, shape)).astype(self.dtype)
+        """Seeded positive data, uniform in log2 between 2**low and 2**high, within this type's finite range.
+
+        The span is cut to the type's range (float16's is 2**-24 to 2**16) so that a wide case
+        of a narrow type spreads over its finite values instead of rounding a third of them to
+        inf; the draw itself keeps the requested span's seed.
+        """
+        drawn = self._rng((key, tuple(shape), "log", low, high)).uniform(low, high, shape)
+        finite = _finfo(self.dtype)
+        lowest, highest = math.log2(float(finite.smallest_subnormal)), math.log2(float(finite.max))
+        if low < lowest or high > highest:  # an affine map keeps the draw's spread over the cut span
+            new_low, new_high = max(low, lowest), min(high, highest)
+            drawn = new_low + (drawn - low) * (new_high - new_low) / (high - low)
+        return np.exp2(drawn).astype(self.dtype)
 
     def input(self, array, differentiable: bool = True):
         """An input of this element type; the family differentiates with respect to the ``differentiable`` ones."""
