@@ -1,7 +1,8 @@
 """Where a compiled step's time goes, dispatch by dispatch: IREE's own profiler over one benchmark model.
 
 The model's step (``_zoo.py``) is exported for this machine's CPU
-(``plan.export(..., cpu="host")``, with and without data tiling), then
+(``plan.export(..., cpu="host")``, with and without data tiling) and its
+module rebuilt on the flags topos compiles ``local-sync`` calls with, then
 ``iree-benchmark-module`` runs the artifact's ``module.vmfb`` on its own
 inputs on one pinned CPU (local-sync, IREE's caching allocator as in
 topos's own calls) with
@@ -32,6 +33,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402
+
+from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
+from topos.dialect.targets import target  # noqa: E402
 
 _UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 _LINE = re.compile(r"host_execute ((?:main_dispatch_\d+|_encoding_\d+)_(\S+))\s+count=(\d+) total=([\d.]+) (\w+)")
@@ -112,6 +116,11 @@ def main() -> None:
             folder = Path(scratch) / ("tiled" if tiled else "untiled")
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
                         data_tiling=tiled)
+            # The export is built for local-task (its check.sh's device); rebuilt on the flags topos's own
+            # local-sync calls compile with, which add the one-thread options.
+            flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver="local-sync")
+            (folder / "module.vmfb").write_bytes(compile_stablehlo((folder / "module.stablehlo.mlir").read_text(),
+                                                                   flags))
             median, dispatches = profile(folder, args.calls, args.cpu)
             total = sum(ms for ms, _ in dispatches.values())
             kinds: collections.Counter = collections.Counter()

@@ -294,7 +294,8 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     ``frozen``: its weights are packed once, at load); a ``stablehlo.convolution`` in ``text`` (StableHLO a
     rewrite produced) brings IREE's img2col, which topos's own emission never needs: it spells
     convolutions as im2col products (topos.dialect.raising);
-    ``driver`` (default: the target's) sizes a tiled product's workgroups.
+    ``driver`` (default: the target's) sizes a tiled product's workgroups, and
+    on one thread leaves a module under ``UNDISTRIBUTED_BELOW`` undistributed.
     compile and export both build their flags here.
     """
     if data_tiling is None:
@@ -302,7 +303,8 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     convolution = text is not None and "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
-                     data_tiling=data_tiling, elements=elements, convolution=convolution, driver=driver)
+                     data_tiling=data_tiling, elements=elements, convolution=convolution, driver=driver,
+                     largest_product=largest_matmul(plan))
 
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,

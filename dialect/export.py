@@ -111,7 +111,10 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     parameters = network.parameters() if parameters is None else parameters
     held = frozen_values_of(plan, parameters) if frozen else None  # a wrong table fails before IREE
     text, located, _ = lowered(plan, frozen, chosen)
-    flags = module_flags(plan, chosen, cpu, data_tiling, frozen=frozen)
+    # Sized for the device check.sh runs it on (local-task for llvm-cpu: a thread per core), not for
+    # topos's own single-threaded calls.
+    flags = module_flags(plan, chosen, cpu, data_tiling, driver=_DEVICES.get(chosen.driver, chosen.driver),
+                         frozen=frozen)
     flags += _STRIPPED if chosen.name != "llvm-cpu" else _STRIPPED + _STRIPPED_CPU
     vmfb = _compile(text, flags)  # the portable text: the module names no path of this machine
     compiled = CompiledPlan(plan, chosen, chosen.driver, flags, text, vmfb, {}, False, frozen=held)

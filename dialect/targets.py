@@ -201,6 +201,18 @@ DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=m
 # was 45% slower (too few workgroups to share), so only single-threaded drivers get it.
 SINGLE_THREAD_TILING_FLAGS = ("--iree-llvmcpu-matmul-tile-bytes=1048576",)
 SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
+# On one thread IREE still cuts each dispatch into workgroups, sized for threads that
+# are not there; undistributed, a dispatch is one workgroup. A/B in one process (the
+# Zen 4 machine, 2026-12-04, topos's step on local-sync, 9 interleaved rounds, the same
+# bits; docs/performance.md "One workgroup per dispatch on one thread"): the LeNet's
+# step 13-16% faster, the makemore transformer's 7%, makemore's MLP 5%, the small GPT
+# 1-9%, MLP M 3%, MLP S level; most compiles 5-15% shorter. GPT-2 124M's forward ran 2%
+# slower: its tied LM head ([128, 768] x [768, 50257]) read its 154 MB packed weight
+# once per workgroup row band when distributed and more often as one workgroup (97 ->
+# 125 ms). So a module whose largest product reaches UNDISTRIBUTED_BELOW multiply-adds
+# keeps IREE's workgroups; GPT-2's next largest (2^28.2) and its decode step ran level.
+SINGLE_THREAD_FLAGS = ("--iree-llvmcpu-disable-distribution",)
+UNDISTRIBUTED_BELOW = 2**30
 # Options IREE keeps process-wide: the in-process compiler API (Session.set_flags)
 # answers 'option not found' for them, so a module whose flags hold one is compiled
 # by the iree-compile tool in a child process (dialect/compiled.py), which takes them.
@@ -294,7 +306,7 @@ def check_cpu(chosen: Target, cpu) -> None:
 
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
               data_tiling: bool = False, elements: Iterable = (), convolution: bool = False,
-              driver: str | None = None) -> tuple[str, ...]:
+              driver: str | None = None, largest_product: int = 0) -> tuple[str, ...]:
     """Every compiler flag for this target and module; an unknown ``cpu`` is a TargetError.
 
     ``elements``: the module's element types (dtypes or their names); one
@@ -302,16 +314,21 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     ``convolution``: the module holds a ``stablehlo.convolution`` (llvm-cpu
     then adds ``IMG2COL_FLAGS``). ``driver`` (default: the target's) is the
     one the module will run on: a data-tiled module for a single-threaded
-    driver adds ``SINGLE_THREAD_TILING_FLAGS``.
+    driver adds ``SINGLE_THREAD_TILING_FLAGS``, and a module for one whose
+    ``largest_product`` (multiply-adds of its largest matmul) is under
+    ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``.
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
     flags = list(_COMMON + chosen.flags)
     if chosen.name == "llvm-cpu":
         flags.append(CPU_FLAG + cpu)
+        one_thread = (driver or chosen.driver) in SINGLE_THREAD_DRIVERS
+        if one_thread and largest_product < UNDISTRIBUTED_BELOW:
+            flags.extend(SINGLE_THREAD_FLAGS)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
-            if (driver or chosen.driver) in SINGLE_THREAD_DRIVERS:
+            if one_thread:
                 flags.extend(SINGLE_THREAD_TILING_FLAGS)
         if convolution:
             flags.extend(IMG2COL_FLAGS)

@@ -312,6 +312,35 @@ def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_t
         Session().set_flags(*SINGLE_THREAD_TILING_FLAGS)
 
 
+def test_one_thread_compiles_undistributed_below_the_largest_product_limit(tmp_path):
+    """local-sync modules are one workgroup per dispatch unless a product is large; local-task and exports never."""
+    from topos.dialect.compiled import module_flags
+    from topos.dialect.targets import SINGLE_THREAD_FLAGS, UNDISTRIBUTED_BELOW, target
+
+    def model(tape, rows):
+        a = tape.input(np.linspace(-1.0, 1.0, rows * 64, dtype=np.float32).reshape(rows, 64))
+        b = tape.parameter(np.linspace(0.5, -0.5, 64 * 48, dtype=np.float32).reshape(64, 48))
+        return (a @ b).tanh().sum()
+
+    network, out = Tape.record(lambda tape: model(tape, 32))
+    plan = network.entry([out]).lower()
+    one, pool = plan.compile("llvm-cpu", cache=False), plan.compile("llvm-cpu", "local-task", cache=False)
+    assert set(SINGLE_THREAD_FLAGS) <= set(one.flags)
+    assert not set(SINGLE_THREAD_FLAGS) & set(pool.flags)  # two workers share the workgroups
+    want = network.forward(network.parameters())[out]
+    for compiled in (one, pool):
+        np.testing.assert_allclose(compiled.forward(network.parameters())[out], want, rtol=2e-6, atol=2e-6)
+    exported = plan.export(tmp_path / "artifact", "llvm-cpu")  # runs on local-task (check.sh)
+    assert not {flag for flag in SINGLE_THREAD_FLAGS if flag in (exported / "flags.txt").read_text()}
+
+    side = 1024  # a product of side**3 = UNDISTRIBUTED_BELOW multiply-adds
+    assert side**3 == UNDISTRIBUTED_BELOW
+    large, large_out = Tape.record(lambda tape: (tape.input(np.zeros((side, side), np.float32))
+                                                 @ tape.parameter(np.zeros((side, side), np.float32))).sum())
+    flags = module_flags(large.entry([large_out]).lower(), target("llvm-cpu"), "host", False)
+    assert not set(SINGLE_THREAD_FLAGS) & set(flags)  # the workgroups also block its weight for the cache
+
+
 def test_the_tool_path_names_the_users_line_when_iree_refuses():
     from topos.dialect.compiled import CompileError, compile_stablehlo
     from topos.dialect.targets import SINGLE_THREAD_TILING_FLAGS, flags_for, target
