@@ -313,10 +313,10 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     the target refuses (``Target.refuses``) is a TargetError naming it.
     ``convolution``: the module holds a ``stablehlo.convolution`` (llvm-cpu
     then adds ``IMG2COL_FLAGS``). ``driver`` (default: the target's) is the
-    one the module will run on: a data-tiled module for a single-threaded
-    driver adds ``SINGLE_THREAD_TILING_FLAGS``, and a module for one whose
+    one the module will run on. For a single-threaded driver, a module whose
     ``largest_product`` (multiply-adds of its largest matmul) is under
-    ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``.
+    ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``, and a data-tiled
+    one at or above it ``SINGLE_THREAD_TILING_FLAGS``.
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
@@ -324,11 +324,14 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     if chosen.name == "llvm-cpu":
         flags.append(CPU_FLAG + cpu)
         one_thread = (driver or chosen.driver) in SINGLE_THREAD_DRIVERS
-        if one_thread and largest_product < UNDISTRIBUTED_BELOW:
+        undistributed = one_thread and largest_product < UNDISTRIBUTED_BELOW
+        if undistributed:
             flags.extend(SINGLE_THREAD_FLAGS)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
-            if one_thread:
+            # The tile budget sizes workgroups, so an undistributed module compiles to the same
+            # bytes without it (the small GPT's and MLP M's steps, 2026-12-04), and in-process.
+            if one_thread and not undistributed:
                 flags.extend(SINGLE_THREAD_TILING_FLAGS)
         if convolution:
             flags.extend(IMG2COL_FLAGS)
