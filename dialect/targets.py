@@ -205,12 +205,14 @@ SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
 # are not there; undistributed, a dispatch is one workgroup. A/B in one process (the
 # Zen 4 machine, 2026-12-04, topos's step on local-sync, 9 interleaved rounds, the same
 # bits; docs/performance.md "One workgroup per dispatch on one thread"): the LeNet's
-# step 13-16% faster, the makemore transformer's 7%, makemore's MLP 5%, the small GPT
-# 1-9%, MLP M 3%, MLP S level; most compiles 5-15% shorter. GPT-2 124M's forward ran 2%
-# slower: its tied LM head ([128, 768] x [768, 50257]) read its 154 MB packed weight
-# once per workgroup row band when distributed and more often as one workgroup (97 ->
-# 125 ms). So a module whose largest product reaches UNDISTRIBUTED_BELOW multiply-adds
-# keeps IREE's workgroups; GPT-2's next largest (2^28.2) and its decode step ran level.
+# step 13-16% faster, the makemore transformer's 5-7%, makemore's MLP 5%, MLP S level;
+# their compiles 8-14% shorter. Only untiled modules get it: IREE 3.13 refused makemore's
+# data-tiled MLP (the example at its default sizes) undistributed ("'iree_linalg_ext.map_store'
+# op write affecting operations on global resources are restricted to workgroup
+# distributed contexts"), so the tiled small GPT and MLP M (3-9% faster in the same
+# A/B) keep IREE's workgroups. So does a product of UNDISTRIBUTED_BELOW multiply-adds
+# or more: GPT-2 124M's tied LM head, [128, 768] x [768, 50257], read its weight once
+# per workgroup row band distributed and more often as one workgroup (97 -> 125 ms).
 SINGLE_THREAD_FLAGS = ("--iree-llvmcpu-disable-distribution",)
 UNDISTRIBUTED_BELOW = 2**30
 # Options IREE keeps process-wide: the in-process compiler API (Session.set_flags)
@@ -313,10 +315,10 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     the target refuses (``Target.refuses``) is a TargetError naming it.
     ``convolution``: the module holds a ``stablehlo.convolution`` (llvm-cpu
     then adds ``IMG2COL_FLAGS``). ``driver`` (default: the target's) is the
-    one the module will run on. For a single-threaded driver, a module whose
-    ``largest_product`` (multiply-adds of its largest matmul) is under
-    ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``, and a data-tiled
-    one at or above it ``SINGLE_THREAD_TILING_FLAGS``.
+    one the module will run on. For a single-threaded driver, an untiled
+    module whose ``largest_product`` (multiply-adds of its largest matmul) is
+    under ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``, and a
+    data-tiled one ``SINGLE_THREAD_TILING_FLAGS``.
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
@@ -324,14 +326,11 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     if chosen.name == "llvm-cpu":
         flags.append(CPU_FLAG + cpu)
         one_thread = (driver or chosen.driver) in SINGLE_THREAD_DRIVERS
-        undistributed = one_thread and largest_product < UNDISTRIBUTED_BELOW
-        if undistributed:
+        if one_thread and not data_tiling and largest_product < UNDISTRIBUTED_BELOW:
             flags.extend(SINGLE_THREAD_FLAGS)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
-            # The tile budget sizes workgroups, so an undistributed module compiles to the same
-            # bytes without it (the small GPT's and MLP M's steps, 2026-12-04), and in-process.
-            if one_thread and not undistributed:
+            if one_thread:
                 flags.extend(SINGLE_THREAD_TILING_FLAGS)
         if convolution:
             flags.extend(IMG2COL_FLAGS)
