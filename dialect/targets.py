@@ -192,14 +192,19 @@ TILED_MIN_ROWS = 16
 # gave the same bits (docs/performance.md, "Data tiling by size").
 DATA_TILING_FLAGS = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=mmt4d,pack",
                      "--iree-dispatch-creation-fuse-multi-use=false")
-# On one thread (local-sync, llvm-cpu's driver) a tiled product's workgroup should
+# A tiled product's workgroup should, on one thread (local-sync, llvm-cpu's driver),
 # span many rows: IREE's default 64 KiB budget gives MLP M's [128, 784] x [784, 1024]
 # and GPT-2's LM head workgroups of 2 x 2 tiles of 16 x 16, so the weight is read
 # from memory once per 32 rows. With 1 MiB (8 x 8 and 8 x 2 tiles; 2026-12-02, the
 # Xeon, iree-benchmark-module on one core) MLP M's step took 5% less and GPT-2's
 # forward 7-9% less, the small GPT's the same; on two local-task workers MLP M's step
-# was 45% slower (too few workgroups to share), so only single-threaded drivers get it.
-SINGLE_THREAD_TILING_FLAGS = ("--iree-llvmcpu-matmul-tile-bytes=1048576",)
+# was 45% slower (too few workgroups to share), so on several workers only a module whose
+# largest product reaches LARGE_TILES_FROM gets it: GPT-2 124M's forward, whose tied LM head
+# [128, 768] x [768, 50257] has hundreds of large workgroups, took 4-6% less on two local-task
+# workers (resident and frozen, four A/B runs; the Zen 4 machine, 2026-12-04), while MLP M
+# (largest product 2^27) took 16% more there and the small GPT (2^25) the same.
+LARGE_TILE_FLAGS = ("--iree-llvmcpu-matmul-tile-bytes=1048576",)
+LARGE_TILES_FROM = 2**30
 SINGLE_THREAD_DRIVERS = frozenset({"local-sync"})
 # On one thread IREE still cuts each dispatch into workgroups, sized for threads that
 # are not there; undistributed, a dispatch is one workgroup. A/B in one process (the
@@ -318,7 +323,8 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     one the module will run on. For a single-threaded driver, an untiled
     module whose ``largest_product`` (multiply-adds of its largest matmul) is
     under ``UNDISTRIBUTED_BELOW`` adds ``SINGLE_THREAD_FLAGS``, and a
-    data-tiled one ``SINGLE_THREAD_TILING_FLAGS``.
+    data-tiled one ``LARGE_TILE_FLAGS``; on several workers a data-tiled
+    module gets those only when ``largest_product`` reaches ``LARGE_TILES_FROM``.
     """
     check_cpu(chosen, cpu)
     check_elements(chosen, [*elements, *(["bfloat16"] if uses_bf16 else [])])
@@ -330,8 +336,8 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
             flags.extend(SINGLE_THREAD_FLAGS)
         if data_tiling:
             flags.extend(DATA_TILING_FLAGS)
-            if one_thread:
-                flags.extend(SINGLE_THREAD_TILING_FLAGS)
+            if one_thread or largest_product >= LARGE_TILES_FROM:
+                flags.extend(LARGE_TILE_FLAGS)
         if convolution:
             flags.extend(IMG2COL_FLAGS)
     if uses_f64:

@@ -287,11 +287,14 @@ def test_a_narrow_product_does_not_turn_data_tiling_on_unless_the_weights_are_fr
 
 
 def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_the_tool():
-    """local-sync's tiled products get SINGLE_THREAD_TILING_FLAGS, an option only the iree-compile tool takes,
-    and keep IREE's workgroups (IREE 3.13 refused a data-tiled module undistributed); untiled, one workgroup."""
+    """local-sync's tiled products get LARGE_TILE_FLAGS, an option only the iree-compile tool takes,
+    and keep IREE's workgroups (IREE 3.13 refused a data-tiled module undistributed); untiled, one workgroup.
+    On local-task only a product of LARGE_TILES_FROM multiply-adds gets the large workgroups."""
     from iree.compiler.api import Session
 
-    from topos.dialect.targets import PROCESS_WIDE_OPTIONS, SINGLE_THREAD_FLAGS, SINGLE_THREAD_TILING_FLAGS
+    from topos.dialect.compiled import largest_matmul, module_flags
+    from topos.dialect.targets import (LARGE_TILE_FLAGS, LARGE_TILES_FROM, PROCESS_WIDE_OPTIONS, SINGLE_THREAD_FLAGS,
+                                       target)
 
     def model(tape):
         a = tape.input(np.linspace(-1.0, 1.0, 32 * 48, dtype=np.float32).reshape(32, 48))
@@ -302,23 +305,26 @@ def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_t
     plan = network.entry([out]).lower()
     one, pool = plan.compile("llvm-cpu", data_tiling=True), plan.compile("llvm-cpu", "local-task", data_tiling=True)
     untiled = plan.compile("llvm-cpu")
-    assert set(SINGLE_THREAD_TILING_FLAGS) <= set(one.flags)
+    assert set(LARGE_TILE_FLAGS) <= set(one.flags)
     assert not set(SINGLE_THREAD_FLAGS) & set(one.flags)
-    assert not set(SINGLE_THREAD_TILING_FLAGS) & set(pool.flags)  # two workers need more workgroups
-    assert not set(SINGLE_THREAD_TILING_FLAGS) & set(untiled.flags)  # untiled: nothing to size
+    assert not set(LARGE_TILE_FLAGS) & set(pool.flags)  # two workers need more workgroups
+    largest = _square_product(1024)  # GPT-2's LM head scale: workgroups to spare for every worker
+    assert largest_matmul(largest) == LARGE_TILES_FROM
+    assert set(LARGE_TILE_FLAGS) <= set(module_flags(largest, target("llvm-cpu"), "host", True, driver="local-task"))
+    assert not set(LARGE_TILE_FLAGS) & set(untiled.flags)  # untiled: nothing to size
     assert set(SINGLE_THREAD_FLAGS) <= set(untiled.flags)
     want = network.forward(network.parameters())[out]
     for compiled in (one, pool):
         np.testing.assert_allclose(compiled.forward(network.parameters())[out], want, rtol=2e-6, atol=2e-6)
-    (option,) = {flag.split("=")[0] for flag in SINGLE_THREAD_TILING_FLAGS}
+    (option,) = {flag.split("=")[0] for flag in LARGE_TILE_FLAGS}
     assert option in PROCESS_WIDE_OPTIONS
     with pytest.raises(ValueError, match="option not found"):  # why the tool: the in-process API refuses it
-        Session().set_flags(*SINGLE_THREAD_TILING_FLAGS)
+        Session().set_flags(*LARGE_TILE_FLAGS)
 
 
 def test_one_thread_compiles_undistributed_below_the_largest_product_limit(tmp_path):
     """local-sync modules are one workgroup per dispatch unless a product is large; local-task and exports never."""
-    from topos.dialect.compiled import module_flags
+    from topos.dialect.compiled import largest_matmul, module_flags
     from topos.dialect.targets import SINGLE_THREAD_FLAGS, UNDISTRIBUTED_BELOW, target
 
     def model(tape):
@@ -337,22 +343,27 @@ def test_one_thread_compiles_undistributed_below_the_largest_product_limit(tmp_p
     exported = plan.export(tmp_path / "artifact", "llvm-cpu")  # runs on local-task (check.sh)
     assert not {flag for flag in SINGLE_THREAD_FLAGS if flag in (exported / "flags.txt").read_text()}
 
-    side = 1024  # a product of side**3 = UNDISTRIBUTED_BELOW multiply-adds
-    assert side**3 == UNDISTRIBUTED_BELOW
-    large, large_out = Tape.record(lambda tape: (tape.input(np.zeros((side, side), np.float32))
-                                                 @ tape.parameter(np.zeros((side, side), np.float32))).sum())
-    flags = module_flags(large.entry([large_out]).lower(), target("llvm-cpu"), "host", False)
+    large = _square_product(1024)
+    assert largest_matmul(large) == UNDISTRIBUTED_BELOW
+    flags = module_flags(large, target("llvm-cpu"), "host", False)
     assert not set(SINGLE_THREAD_FLAGS) & set(flags)  # the workgroups also block its weight for the cache
+
+
+def _square_product(side: int):
+    """The plan of one [side, side] x [side, side] product's sum: side**3 multiply-adds, never compiled."""
+    network, out = Tape.record(lambda tape: (tape.input(np.zeros((side, side), np.float32))
+                                             @ tape.parameter(np.zeros((side, side), np.float32))).sum())
+    return network.entry([out]).lower()
 
 
 def test_the_tool_path_names_the_users_line_when_iree_refuses():
     from topos.dialect.compiled import CompileError, compile_stablehlo
-    from topos.dialect.targets import SINGLE_THREAD_TILING_FLAGS, flags_for, target
+    from topos.dialect.targets import LARGE_TILE_FLAGS, flags_for, target
 
     text = ('func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n'
             '  %0 = "stablehlo.add"(%a, %a) : (tensor<2xf32>, tensor<2xf32>) -> tensor<3xf32> loc("model.py":7:0)\n'
             '  return %a : tensor<2xf32>\n}\n')
-    flags = flags_for(target("llvm-cpu"), False) + SINGLE_THREAD_TILING_FLAGS
+    flags = flags_for(target("llvm-cpu"), False) + LARGE_TILE_FLAGS
     with pytest.raises(CompileError, match=r"model\.py:7: error: .*") as raised:
         compile_stablehlo(text, flags)
     assert "Traceback" not in str(raised.value)
