@@ -48,7 +48,6 @@ from .reductions import split_reductions
 from .scatters import check_rows, split_scatters
 from .targets import (
     DATA_TILING_FLAGS,
-    DATA_TILING_THRESHOLD,
     PROCESS_WIDE_OPTIONS,
     SAFE_CPUS,
     TILED_MIN_ROWS,
@@ -57,6 +56,7 @@ from .targets import (
     check_cpu,
     check_driver,
     cpu_of,
+    data_tiling_threshold,
     flags_for,
     require_compiler,
     target,
@@ -290,7 +290,8 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
 
     Its element types decide float64's flags and whether the target refuses
     an element (``Target.refuses``); ``data_tiling`` None decides by the
-    largest matmul (of ``TILED_MIN_ROWS`` rows or more, unless the module is
+    largest matmul against the driver's ``data_tiling_threshold`` (counting
+    products of ``TILED_MIN_ROWS`` rows or more, unless the module is
     ``frozen``: its weights are packed once, at load); a ``stablehlo.convolution`` in ``text`` (StableHLO a
     rewrite produced) brings IREE's img2col, which topos's own emission never needs: it spells
     convolutions as im2col products (topos.dialect.raising);
@@ -299,7 +300,7 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     compile and export both build their flags here.
     """
     if data_tiling is None:
-        data_tiling = largest_matmul(plan, 1 if frozen else TILED_MIN_ROWS) >= DATA_TILING_THRESHOLD
+        data_tiling = largest_matmul(plan, 1 if frozen else TILED_MIN_ROWS) >= data_tiling_threshold(chosen, driver)
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     convolution = text is not None and "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
@@ -318,7 +319,8 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     A named CPU compiles in a child process. ``data_tiling`` (llvm-cpu):
     None decides by size — on when the largest matmul of
     ``targets.TILED_MIN_ROWS`` rows or more (any, when frozen) reaches
-    ``targets.DATA_TILING_THRESHOLD`` multiply-adds.
+    ``targets.DATA_TILING_THRESHOLD`` multiply-adds on one thread (local-sync),
+    ``targets.SHARED_DATA_TILING_THRESHOLD`` on several workers (local-task).
     ``cache``: True (the default directory), False, a directory, or a CompileCache.
     ``rewrite`` (str -> str) edits the StableHLO text before IREE sees it:
     the seam ``topos.bisect`` uses to inject a fault on purpose.

@@ -175,6 +175,13 @@ def target(name: str) -> Target:
 # and generating pack costs compile time (mmt4d alone: 6.6 s against 5.3 s);
 # MLP M and GPT-2 124M ran level with every choice.
 DATA_TILING_THRESHOLD = 2**25
+# On several local-task workers the small GPT's step (largest product 2^25) ran faster
+# untiled in each of nine in-process A/B runs (3-29%, median 5%; the Zen 4 machine,
+# 2026-12-04, the same bits) and compiled about 15% sooner, while on one core tiled kept
+# a 0-3% lead (five runs). MLP M (2^27) was level there (eleven runs, tiled / untiled
+# 0.81-1.12, median 0.97), and MLPs with products of 2^28 to 2^32 ran 1.3-2.0x faster
+# tiled. So a module for several workers is tiled from twice the one-thread size.
+SHARED_DATA_TILING_THRESHOLD = 2**26
 # A narrow product packs as much weight as it multiplies: with m rows the
 # per-call pack of a [k, n] weight is 1/m of the product's work. Two products
 # [m, 768] x [768, 3072] and [m, 3072] x [3072, 768] (2026-12-02, the Zen 3
@@ -311,6 +318,16 @@ def check_cpu(chosen: Target, cpu) -> None:
     )
 
 
+def data_tiling_threshold(chosen: Target, driver: str | None = None) -> int:
+    """Multiply-adds of the largest matmul from which a module for ``driver`` (default: the target's) is
+    data tiled unless ``compile(data_tiling=...)`` says otherwise."""
+    return DATA_TILING_THRESHOLD if _one_thread(chosen, driver) else SHARED_DATA_TILING_THRESHOLD
+
+
+def _one_thread(chosen: Target, driver: str | None) -> bool:
+    return (driver or chosen.driver) in SINGLE_THREAD_DRIVERS
+
+
 def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool = False,
               data_tiling: bool = False, elements: Iterable = (), convolution: bool = False,
               driver: str | None = None, largest_product: int = 0) -> tuple[str, ...]:
@@ -331,7 +348,7 @@ def flags_for(chosen: Target, uses_f64: bool, cpu: str = "host", uses_bf16: bool
     flags = list(_COMMON + chosen.flags)
     if chosen.name == "llvm-cpu":
         flags.append(CPU_FLAG + cpu)
-        one_thread = (driver or chosen.driver) in SINGLE_THREAD_DRIVERS
+        one_thread = _one_thread(chosen, driver)
         if one_thread and not data_tiling and largest_product < UNDISTRIBUTED_BELOW:
             flags.extend(SINGLE_THREAD_FLAGS)
         if data_tiling:

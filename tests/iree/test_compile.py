@@ -222,8 +222,8 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
 
 
 def test_data_tiling_follows_the_size_of_the_largest_matmul():
-    from topos.dialect.compiled import largest_matmul
-    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD
+    from topos.dialect.compiled import largest_matmul, module_flags
+    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, SHARED_DATA_TILING_THRESHOLD, target
 
     def plan_of(m, k, n):
         def model(tape):
@@ -241,6 +241,12 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     assert set(DATA_TILING_FLAGS) <= set(large.compile("llvm-cpu").flags)
     forced = small.compile("llvm-cpu", data_tiling=True)
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
+
+    cpu, middle = target("llvm-cpu"), plan_of(32, 1024, 1024)  # the small GPT's size: tiled on one thread only
+    assert largest_matmul(middle) == DATA_TILING_THRESHOLD < SHARED_DATA_TILING_THRESHOLD <= largest_matmul(large)
+    assert set(DATA_TILING_FLAGS) <= set(module_flags(middle, cpu, "host", None))
+    assert not set(DATA_TILING_FLAGS) & set(module_flags(middle, cpu, "host", None, driver="local-task"))
+    assert set(DATA_TILING_FLAGS) <= set(module_flags(large, cpu, "host", None, driver="local-task"))
 
 
 def test_a_tiled_product_returned_beside_its_gelu_compiles():
