@@ -1,10 +1,13 @@
-"""Shared by the benchmark scripts: a median timer, a Markdown table printer, and what machine and versions ran."""
+"""Shared by the benchmark scripts: the timers, a Markdown table printer, and what machine and versions ran."""
 
 from __future__ import annotations
 
+import gc
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,48 @@ def median_seconds(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # median seconds per call on the clock
+    cpu: float  # median CPU seconds per call, all threads of this process
+    steps: int  # timed calls behind the medians
+
+
+def interleaved(columns: dict[str, Callable[[], object]], per_round: int | dict[str, int], rounds: int,
+                warmup: int = 0, alternate: bool = False) -> dict[str, Timing]:
+    """name -> Timing of one call of each column, timed in interleaved rounds.
+
+    Each round calls every column ``per_round`` times (a count, or name -> count)
+    before moving on, so a machine that slows down mid-run slows every column
+    alike; the garbage collector runs between rounds, never inside one. First
+    come ``warmup`` calls of each column (one for a column called once a round:
+    those are the slow ones). ``alternate``: every other round runs the columns
+    in reverse order (ABBA), so that a column's place in the round (caches, a
+    worker thread still awake) does not favour it.
+    """
+    counts = per_round if isinstance(per_round, dict) else dict.fromkeys(columns, per_round)
+    for name, call in columns.items():
+        for _ in range(warmup if counts[name] > 1 else min(warmup, 1)):
+            call()
+    wall: dict[str, list[float]] = {name: [] for name in columns}
+    cpu: dict[str, list[float]] = {name: [] for name in columns}
+    order = list(columns.items())
+    for r in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            for name, call in (order[::-1] if alternate and r % 2 else order):
+                for _ in range(counts[name]):
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    call()
+                    cpu[name].append(time.process_time() - began_cpu)
+                    wall[name].append(time.perf_counter() - began)
+        finally:
+            gc.enable()
+    return {name: Timing(statistics.median(wall[name]), statistics.median(cpu[name]), len(wall[name]))
+            for name in columns}
 
 
 def relative_difference(got, want) -> float:

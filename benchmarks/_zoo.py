@@ -43,6 +43,10 @@ for _path in (HERE, EXAMPLES, os.path.join(EXAMPLES, "gpt2")):
         sys.path.insert(0, _path)
 
 MODELS = ("mlp-s", "mlp-m", "gpt", "makemore-mlp", "makemore-transformer", "lenet", "gpt2-124m-forward")
+# Steps per round of interleaved timing (_timing.interleaved): the larger models take tens of
+# milliseconds to a second a step.
+PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
+             "gpt2-124m-forward": 1}
 # Memory a benchmark process needs for the model, topos and jax together (GiB, rounded up from
 # versus_jax.py's peak resident set: GPT-2 124M holds its weights on the host, in IREE and in XLA).
 NEEDS_GIB = {"gpt2-124m-forward": 4.0}

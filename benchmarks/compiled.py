@@ -54,17 +54,15 @@ if not ALL_THREADS:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
 import argparse
-import gc
 import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from _timing import chosen_models, cpu_model, relative_difference, table, versions  # noqa: E402
+from _timing import Timing, chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -198,39 +196,9 @@ def iree_dispatches(compiled) -> int | None:
 
 
 def measure(runners: dict[str, Runner], steps: dict[str, int], rounds: int, warmup: int = 2,
-            alternate: bool = False) -> dict:
-    """name -> Timing: per-step wall and process-CPU seconds, timed in interleaved rounds after warm-up.
-
-    ``alternate``: every other round runs the columns in reverse order (ABBA), so that a column's
-    place in the round (caches, a worker thread still awake) does not favour it.
-    """
-    for name, runner in runners.items():
-        for _ in range(warmup if steps[name] > 1 else 1):
-            runner.step()
-    wall: dict[str, list[float]] = {name: [] for name in runners}
-    cpu: dict[str, list[float]] = {name: [] for name in runners}
-    order = list(runners.items())
-    for r in range(rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            for name, runner in (order[::-1] if alternate and r % 2 else order):
-                for _ in range(steps[name]):
-                    began, began_cpu = time.perf_counter(), time.process_time()
-                    runner.step()
-                    cpu[name].append(time.process_time() - began_cpu)
-                    wall[name].append(time.perf_counter() - began)
-        finally:
-            gc.enable()
-    return {name: Timing(statistics.median(wall[name]), statistics.median(cpu[name]), len(wall[name]))
-            for name in runners}
-
-
-@dataclass(frozen=True)
-class Timing:
-    wall: float  # median seconds per step on the clock
-    cpu: float  # median CPU seconds per step, all threads of this process
-    steps: int  # timed steps behind the medians
+            alternate: bool = False) -> dict[str, Timing]:
+    """name -> Timing of each runner's step (``_timing.interleaved``)."""
+    return interleaved({name: runner.step for name, runner in runners.items()}, steps, rounds, warmup, alternate)
 
 
 def module_runners(compiled, workload: Workload) -> dict[str, Runner]:

@@ -33,7 +33,7 @@ import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, models_that_fit  # noqa: E402
+from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import measure, module_runner  # noqa: E402
 
 from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
@@ -45,8 +45,6 @@ VARIANTS = {
     "+ ukernels mmt4d,pack (topos)": DATA_TILING_FLAGS,
     "+ ukernels all": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
 }
-PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
-             "gpt2-124m-forward": 1}
 
 
 def main() -> None:

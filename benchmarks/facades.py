@@ -32,13 +32,12 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import median_seconds, table  # noqa: E402
+from _timing import interleaved, median_seconds, table  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
@@ -83,16 +82,6 @@ def recording_rows(sizes, batch, repeats):
             times[label].append(median_seconds(lambda record=record: Tape.record(record), 1))
     return [[label, f"{statistics.median(times[label]) * 1000:.2f}", str(len(Tape.record(record)[0]))]
             for label, record in records.items()]
-
-
-def _cpu_median(step, rounds, per_round):
-    times = []
-    for _ in range(rounds):
-        for _ in range(per_round):
-            start = time.process_time()
-            step()
-            times.append(time.process_time() - start)
-    return times
 
 
 def training_columns(sizes, batch):
@@ -161,14 +150,8 @@ def main(argv=None) -> None:
     print(f"\nRecording an MLP {'-'.join(map(str, sizes))}, batch {args.batch} (median of {args.repeats}):\n")
     print(table(["recording", "ms", "nodes"], recording_rows(sizes, args.batch, args.repeats)))
     columns = training_columns(sizes, args.batch)
-    for step in columns.values():  # warm-up: first-call allocations and caches
-        for _ in range(3):
-            step()
-    times = {label: [] for label in columns}
-    for _ in range(args.rounds):
-        for label, step in columns.items():
-            times[label] += _cpu_median(step, 1, args.per_round)
-    medians = {label: statistics.median(t) for label, t in times.items()}
+    timing = interleaved(columns, args.per_round, args.rounds, warmup=3)  # warm-up: first-call allocations
+    medians = {label: t.cpu for label, t in timing.items()}
     reference = medians["topos Adam"]
     rows = [[label, f"{m * 1000:.3f}", f"{m / reference:.2f}x"] for label, m in medians.items()]
     print(f"\nOne training step (CPU ms per step, median of {args.rounds} x {args.per_round}); "

@@ -62,7 +62,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -76,7 +75,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "gpt2"))
 
 import hf_gpt2  # noqa: E402
 from _gpt2_twins import jax_twin, torch_twin  # noqa: E402
-from _timing import cpu_model, table, versions  # noqa: E402
+from _timing import cpu_model, interleaved, table, versions  # noqa: E402
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder  # noqa: E402
 
@@ -87,22 +86,6 @@ NOTHING = Updates(())
 
 
 # ---- measuring --------------------------------------------------------------------------------------
-
-
-def interleaved(columns: dict, rounds: int, calls: int = 1) -> dict:
-    """column -> (median wall s, median CPU s) per call, each round calling every column ``calls`` times."""
-    for fn in columns.values():
-        fn()  # warm-up: first-call allocations, lazy loads
-    walls: dict = {name: [] for name in columns}
-    cpus: dict = {name: [] for name in columns}
-    for _ in range(rounds):
-        for name, fn in columns.items():
-            for _ in range(calls):
-                wall, cpu = time.perf_counter(), time.process_time()
-                fn()
-                walls[name].append(time.perf_counter() - wall)
-                cpus[name].append(time.process_time() - cpu)
-    return {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in columns}
 
 
 def timed(fn):
@@ -227,7 +210,7 @@ def main() -> None:
     columns = {"topos IREE, resident": topos_resident, "topos IREE, arguments": topos_arguments,
                "topos IREE, frozen": topos_frozen, "jax.jit": jax_logits, "jax.jit, frozen": jax_frozen_logits,
                "PyTorch eager": torch_logits}
-    forward_times = interleaved(columns, args.rounds)
+    forward_times = interleaved(columns, 1, args.rounds, warmup=1)
 
     # Decoding: args.decode steps from empty caches, token by token (teacher-forced: the speed of the step).
     def topos_decoding():
@@ -258,19 +241,19 @@ def main() -> None:
                         "jax.jit": _relative(jax_decoding(), decode_reference),
                         "PyTorch eager": _relative(torch_decoding(), decode_reference)}
     decode_times = interleaved({"topos IREE": topos_decoding, "jax.jit": jax_decoding,
-                                "PyTorch eager": torch_decoding}, max(1, args.rounds // 2))
+                                "PyTorch eager": torch_decoding}, 1, max(1, args.rounds // 2), warmup=1)
 
     ours = forward_times["topos IREE, resident"]
     print(f"forward, batch 1, T={length}: median ms per call (wall / process CPU), and the ratio of CPU times to "
           "topos IREE resident (above 1: topos is faster)\n")
     print(table(["column", "wall ms", "CPU ms", "ratio", "logits vs PyTorch"], [
-        [name, _ms(wall), _ms(cpu), f"{cpu / ours[1]:.2f}x", f"{agreement.get(name, 0.0):.1e}"]
-        for name, (wall, cpu) in forward_times.items()]))
+        [name, _ms(t.wall), _ms(t.cpu), f"{t.cpu / ours.cpu:.2f}x", f"{agreement.get(name, 0.0):.1e}"]
+        for name, t in forward_times.items()]))
     print(f"\ndecode with the KV cache ({length} positions), {args.decode} steps from empty caches: tokens per "
           "second (wall / process CPU); the last step's logits against PyTorch's full forward\n")
     print(table(["column", "tokens/s (wall)", "tokens/s (CPU)", "ms per token (CPU)", "logits vs PyTorch"], [
-        [name, f"{args.decode / wall:.1f}", f"{args.decode / cpu:.1f}", _ms(cpu / args.decode),
-         f"{agreement_decode[name]:.1e}"] for name, (wall, cpu) in decode_times.items()]))
+        [name, f"{args.decode / t.wall:.1f}", f"{args.decode / t.cpu:.1f}", _ms(t.cpu / args.decode),
+         f"{agreement_decode[name]:.1e}"] for name, t in decode_times.items()]))
     print("\ncompile, seconds (topos: lowering + StableHLO + IREE into an empty cache directory; cache hit: the "
           "same entry again; jax.jit: lower + compile)\n")
     print(table(["what", "first compile", "of which iree-compile", "cache hit"], compile_rows))

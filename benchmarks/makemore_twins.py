@@ -47,10 +47,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
+import itertools  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -59,7 +58,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 MAKEMORE = HERE.parent / "examples" / "makemore"
 sys.path.insert(0, str(HERE))
-from _timing import table  # noqa: E402
+from _timing import interleaved, table  # noqa: E402
 
 
 # The examples' own options at the sizes tests/test_examples_makemore.py trains them (--tiny): the
@@ -340,17 +339,12 @@ def agreement_rows(work: Workload, losses: dict[str, list[float]]) -> list[list[
 
 def timing_row(work: Workload, rounds: int, per_round: int) -> tuple[list[str], dict[str, float]]:
     """Median CPU ms per step of every column, timed in interleaved rounds; the oracle takes 2 steps a round."""
-    times: dict[str, list[float]] = {label: [] for label in work.columns}
-    k = 0
-    for _ in range(rounds):
-        for label, step in work.columns.items():
-            for _ in range(2 if label == "topos oracle" else per_round):
-                feeds = work.feeds[k % len(work.feeds)]
-                k += 1
-                began = time.process_time()
-                step(feeds)
-                times[label].append(time.process_time() - began)
-    return [label for label in work.columns], {label: statistics.median(t) * 1000 for label, t in times.items()}
+    calls = itertools.count()  # every call takes the next batch
+    columns = {label: lambda step=step: step(work.feeds[next(calls) % len(work.feeds)])
+               for label, step in work.columns.items()}
+    counts = {label: 2 if label == "topos oracle" else per_round for label in work.columns}
+    times = interleaved(columns, counts, rounds)
+    return list(work.columns), {label: t.cpu * 1000 for label, t in times.items()}
 
 
 def main(argv=None) -> None:

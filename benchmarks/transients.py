@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, models_that_fit  # noqa: E402
+from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import Runner, measure, module_runner  # noqa: E402
 
 if DRIVER == "local-task":
@@ -59,8 +59,6 @@ from topos.dialect.compiled import (  # noqa: E402
 )
 from topos.dialect.targets import DATA_TILING_FLAGS  # noqa: E402
 
-PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
-             "gpt2-124m-forward": 1}
 VARIANTS = ("IREE's allocation", "transient storage")
 
 

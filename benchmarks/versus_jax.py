@@ -51,8 +51,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import itertools  # noqa: E402
 import resource  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -63,14 +63,9 @@ import iree.runtime  # noqa: E402, F401
 from topos.dialect.cache import CompileCache  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import chosen_models, cpu_model, relative_difference, table, versions  # noqa: E402
-from _zoo import MODELS, build, jax_step, too_large, topos_step  # noqa: E402
+from _timing import chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
+from _zoo import MODELS, PER_ROUND, build, jax_step, too_large, topos_step  # noqa: E402
 
-CLOCK = 0 if THREADS == 2 else 1  # which of interleaved()'s clocks the table compares: wall with 2 threads
-
-# Steps per round for each column: the larger models take tens of milliseconds to a second a step.
-PER_ROUND = {"mlp-s": 20, "mlp-m": 3, "gpt": 3, "makemore-mlp": 20, "makemore-transformer": 5, "lenet": 5,
-             "gpt2-124m-forward": 1}
 
 
 def topos_column(model, driver: str, frozen: bool = False):
@@ -92,27 +87,6 @@ def topos_column(model, driver: str, frozen: bool = False):
     if compiled.cache_hit or not again.cache_hit:
         raise RuntimeError("the compile-cache measurement did not see one miss then one hit")
     return topos_step(model, compiled), first, hit, compiled
-
-
-def interleaved(columns: dict, per_round: int, rounds: int) -> dict[str, tuple[float, float]]:
-    """name -> (median wall seconds, median process-CPU seconds) per step, over ``rounds`` rounds of ``per_round``."""
-    wall: dict[str, list[float]] = {name: [] for name in columns}
-    cpu: dict[str, list[float]] = {name: [] for name in columns}
-    k = 2  # steps 0 and 1 were the agreement check
-    for _ in range(rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            for name, step in columns.items():
-                for _ in range(per_round):
-                    began, began_cpu = time.perf_counter(), time.process_time()
-                    step(k)
-                    cpu[name].append(time.process_time() - began_cpu)
-                    wall[name].append(time.perf_counter() - began)
-                    k += 1
-        finally:
-            gc.enable()
-    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in columns}
 
 
 def _ms(seconds: float) -> str:
@@ -164,9 +138,11 @@ def main() -> None:
             twin = jax_step(model)
             columns["jax"] = twin.step
             opening["jax"] = [twin.opening[0], twin.opening[1]] if twin.opening else [twin.step(0), twin.step(1)]
-        measured = interleaved(columns, PER_ROUND[key], args.rounds)
-        timing = {name: pair[CLOCK] for name, pair in measured.items()}
-        busy = {name: pair[1] / pair[0] for name, pair in measured.items()}  # CPU over wall: threads at work
+        calls = itertools.count(2)  # steps 0 and 1 were the agreement check
+        counted = {name: lambda step=step, calls=calls: step(next(calls)) for name, step in columns.items()}
+        measured = interleaved(counted, PER_ROUND[key], args.rounds)
+        timing = {name: t.wall if THREADS == 2 else t.cpu for name, t in measured.items()}
+        busy = {name: t.cpu / t.wall for name, t in measured.items()}  # CPU over wall: threads at work
         agree = "—" if twin is None else \
             f"{max(relative_difference(a, b) for a, b in zip(opening['topos'], opening['jax'])):.1e}"
         jax_ms = "absent" if twin is None else _ms(timing["jax"])
