@@ -20,7 +20,8 @@ threading; cells are medians of wall-clock time (CPU time would add the
 threads up).
 
 Steps are timed in interleaved rounds (each round a few steps of each
-column), so drifting load lands on both. Compile: topos's entry lowered
+column, every other round jax first), so drifting load lands on both and
+neither gains from its place in the round. Compile: topos's entry lowered
 and compiled into an empty cache directory (first), then the same again
 (cache hit: the plan's digest finds the artifact before any lowering);
 jax: ``lower(...).compile()`` of the jitted step (for the makemore twins,
@@ -140,7 +141,7 @@ def main() -> None:
             opening["jax"] = [twin.opening[0], twin.opening[1]] if twin.opening else [twin.step(0), twin.step(1)]
         calls = itertools.count(2)  # steps 0 and 1 were the agreement check
         counted = {name: lambda step=step, calls=calls: step(next(calls)) for name, step in columns.items()}
-        measured = interleaved(counted, PER_ROUND[key], args.rounds)
+        measured = interleaved(counted, PER_ROUND[key], args.rounds, alternate=True)
         timing = {name: t.wall if THREADS == 2 else t.cpu for name, t in measured.items()}
         busy = {name: t.cpu / t.wall for name, t in measured.items()}  # CPU over wall: threads at work
         agree = "—" if twin is None else \
