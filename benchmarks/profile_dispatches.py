@@ -5,7 +5,8 @@ The model's step (``_zoo.py``) is exported for this machine's CPU
 module rebuilt on the flags topos compiles ``local-sync`` calls with, then
 ``iree-benchmark-module`` runs the artifact's ``module.vmfb`` on its own
 inputs on one pinned CPU (local-sync, IREE's caching allocator as in
-topos's own calls) with
+topos's own calls; ``--driver local-task``: the module built for
+``local-task`` and run there on two workers, unpinned) with
 ``--device_profiling_mode=host-execution``, and ``iree-profile statistics``
 reads the capture back. Printed per variant: the module's median time, the
 dispatch time per call split by the kind IREE names each dispatch with
@@ -15,7 +16,7 @@ tiled layout, ...), and the slowest dispatches (a dispatch may run several times
 one per block of the same shape) with their achieved GFLOP/s per run
 where IREE's name gives a matmul's shape. Nothing is asserted.
 
-Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8]
+Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8] [--driver local-task]
 """
 
 from __future__ import annotations
@@ -63,15 +64,19 @@ def input_flags(folder: Path) -> list[str]:
     return [f"--input={kind}@{folder / path}" for kind, path in found]
 
 
-def profile(folder: Path, calls: int, cpu: int) -> tuple[float, dict[str, tuple[float, float]]]:
+def profile(folder: Path, calls: int, cpu: int,
+            driver: str = "local-sync") -> tuple[float, dict[str, tuple[float, float]]]:
     """(median ms per call, dispatch name -> (ms per call, executions per call)) for the artifact in ``folder``.
 
     One dispatch may run more than once a call (a block's dispatch serves every block of the same shape).
+    ``driver`` local-sync runs pinned to ``cpu``; local-task on two workers, unpinned.
     """
     inputs = input_flags(folder)
     capture = folder / "capture.ireeprof"
-    command = ["taskset", "-c", str(cpu), tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
-               "--device=local-sync", "--device_allocator=caching", "--function=main", *inputs,
+    placement = ["taskset", "-c", str(cpu)] if driver == "local-sync" else []
+    workers = ["--task_topology_max_group_count=2"] if driver == "local-task" else []
+    command = [*placement, tool("iree-benchmark-module"), f"--module={folder / 'module.vmfb'}",
+               f"--device={driver}", *workers, "--device_allocator=caching", "--function=main", *inputs,
                f"--benchmark_min_time={calls}x", "--device_profiling_mode=host-execution",
                f"--device_profiling_output={capture}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -106,22 +111,24 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="profiled calls (default 20)")
     parser.add_argument("--top", type=int, default=8, help="slowest dispatches listed (default 8)")
     parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the CPU to pin to")
+    parser.add_argument("--driver", default="local-sync", choices=("local-sync", "local-task"),
+                        help="local-sync (one pinned CPU, the default) or local-task (two workers)")
     args = parser.parse_args()
     model = build(args.model)
     plan = model.network.entry(model.roots).lower()
-    print(f"{model.name}: {len(plan.schedule)} nodes; iree-benchmark-module pinned to CPU {args.cpu}, "
-          f"{args.calls} profiled calls\n")
+    where = f"pinned to CPU {args.cpu}" if args.driver == "local-sync" else "on two local-task workers"
+    print(f"{model.name}: {len(plan.schedule)} nodes; iree-benchmark-module {where}, {args.calls} profiled calls\n")
     with tempfile.TemporaryDirectory(prefix="topos-profile-") as scratch:
         for tiled in (False, True):
             folder = Path(scratch) / ("tiled" if tiled else "untiled")
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
                         data_tiling=tiled)
             # The export is built for local-task (its check.sh's device); rebuilt on the flags topos's own
-            # local-sync calls compile with, which add the one-thread options.
-            flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver="local-sync")
+            # calls on the driver compile with (local-sync's add the one-thread options).
+            flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver=args.driver)
             (folder / "module.vmfb").write_bytes(compile_stablehlo((folder / "module.stablehlo.mlir").read_text(),
                                                                    flags))
-            median, dispatches = profile(folder, args.calls, args.cpu)
+            median, dispatches = profile(folder, args.calls, args.cpu, args.driver)
             total = sum(ms for ms, _ in dispatches.values())
             kinds: collections.Counter = collections.Counter()
             for name, (ms, _) in dispatches.items():
