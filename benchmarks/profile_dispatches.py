@@ -1,8 +1,9 @@
 """Where a compiled step's time goes, dispatch by dispatch: IREE's own profiler over one benchmark model.
 
 The model's step (``_zoo.py``) is exported for this machine's CPU
-(``plan.export(..., cpu="host")``, with and without data tiling) and its
-module rebuilt on the flags topos compiles ``local-sync`` calls with, then
+(``plan.export(..., cpu="host")``, with and without data tiling; built for
+``local-task``, it is rebuilt on the flags of topos's ``local-sync`` calls
+unless ``--driver local-task``), then
 ``iree-benchmark-module`` runs the artifact's ``module.vmfb`` on its own
 inputs on one pinned CPU (local-sync, IREE's caching allocator as in
 topos's own calls; ``--driver local-task``: the module built for
@@ -123,11 +124,10 @@ def main() -> None:
             folder = Path(scratch) / ("tiled" if tiled else "untiled")
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
                         data_tiling=tiled)
-            # The export is built for local-task (its check.sh's device); rebuilt on the flags topos's own
-            # calls on the driver compile with (local-sync's add the one-thread options).
-            flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver=args.driver)
-            (folder / "module.vmfb").write_bytes(compile_stablehlo((folder / "module.stablehlo.mlir").read_text(),
-                                                                   flags))
+            if args.driver == "local-sync":  # the export is already built for local-task, its check.sh's device
+                flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver="local-sync")
+                (folder / "module.vmfb").write_bytes(
+                    compile_stablehlo((folder / "module.stablehlo.mlir").read_text(), flags))
             median, dispatches = profile(folder, args.calls, args.cpu, args.driver)
             total = sum(ms for ms, _ in dispatches.values())
             kinds: collections.Counter = collections.Counter()

@@ -299,13 +299,15 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     on one thread leaves a module under ``UNDISTRIBUTED_BELOW`` undistributed.
     compile and export both build their flags here.
     """
-    if data_tiling is None:
-        data_tiling = largest_matmul(plan, 1 if frozen else TILED_MIN_ROWS) >= data_tiling_threshold(chosen, driver)
+    largest = largest_matmul(plan)
+    if data_tiling is None:  # a frozen module counts every product: the walk above already did
+        counted = largest if frozen else largest_matmul(plan, TILED_MIN_ROWS)
+        data_tiling = counted >= data_tiling_threshold(chosen, driver)
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     convolution = text is not None and "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
                      data_tiling=data_tiling, elements=elements, convolution=convolution, driver=driver,
-                     largest_product=largest_matmul(plan))
+                     largest_product=largest)
 
 
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
