@@ -15,9 +15,12 @@ dispatch time per call split by the kind IREE names each dispatch with
 ``elementwise``, ``encode``: data tiling's packing of an operand into its
 tiled layout, ...), and the slowest dispatches (a dispatch may run several times a call:
 one per block of the same shape) with their achieved GFLOP/s per run
-where IREE's name gives a matmul's shape. Nothing is asserted.
+where IREE's name gives a matmul's shape. ``--frozen`` (a forward-only
+model) profiles the module ``compile(frozen=...)`` builds: the parameters
+are globals read from the export's ``parameters.irpa`` and packed at load,
+so no weight's packing is left in the call. Nothing is asserted.
 
-Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8] [--driver local-task]
+Run: python benchmarks/profile_dispatches.py [--model gpt] [--calls 20] [--top 8] [--driver local-task] [--frozen]
 """
 
 from __future__ import annotations
@@ -59,10 +62,14 @@ def input_flags(folder: Path) -> list[str]:
     """The artifact's inputs as iree-benchmark-module flags, read from its check.sh, with absolute paths.
 
     An array is spelled ``--input=@inputs/x.npy``; a scalar feed (a learning
-    rate) ``--input=f32=@inputs/lr.bin``, its element type before the file.
+    rate) ``--input=f32=@inputs/lr.bin``, its element type before the file; a
+    frozen export's parameter archive ``--parameters=topos=parameters.irpa``.
     """
-    found = re.findall(r"--input=((?:\w+=)?)@(\S+)", (folder / "check.sh").read_text())
-    return [f"--input={kind}@{folder / path}" for kind, path in found]
+    script = (folder / "check.sh").read_text()
+    archives = re.findall(r"--parameters=(\w+)=(\S+)", script)
+    found = re.findall(r"--input=((?:\w+=)?)@(\S+)", script)
+    return ([f"--parameters={scope}={folder / path}" for scope, path in archives]
+            + [f"--input={kind}@{folder / path}" for kind, path in found])
 
 
 def profile(folder: Path, calls: int, cpu: int,
@@ -114,8 +121,14 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the CPU to pin to")
     parser.add_argument("--driver", default="local-sync", choices=("local-sync", "local-task"),
                         help="local-sync (one pinned CPU, the default) or local-task (two workers)")
+    parser.add_argument("--frozen", action="store_true",
+                        help="the parameters as module globals read from the export's parameters.irpa "
+                             "(a forward-only model: GPT-2's), as compile(frozen=...) builds it")
     args = parser.parse_args()
     model = build(args.model)
+    if args.frozen and model.updates.pairs():
+        raise SystemExit(f"--frozen: {args.model} is a training step (it updates its parameters); "
+                         "choose a forward-only model: gpt2-124m-forward")
     plan = model.network.entry(model.roots).lower()
     where = f"pinned to CPU {args.cpu}" if args.driver == "local-sync" else "on two local-task workers"
     print(f"{model.name}: {len(plan.schedule)} nodes; iree-benchmark-module {where}, {args.calls} profiled calls\n")
@@ -123,9 +136,10 @@ def main() -> None:
         for tiled in (False, True):
             folder = Path(scratch) / ("tiled" if tiled else "untiled")
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host",
-                        data_tiling=tiled)
+                        data_tiling=tiled, frozen=args.frozen)
             if args.driver == "local-sync":  # the export is already built for local-task, its check.sh's device
-                flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver="local-sync")
+                flags = module_flags(plan, target("llvm-cpu"), "host", tiled, driver="local-sync",
+                                     frozen=args.frozen)
                 (folder / "module.vmfb").write_bytes(
                     compile_stablehlo((folder / "module.stablehlo.mlir").read_text(), flags))
             median, dispatches = profile(folder, args.calls, args.cpu, args.driver)

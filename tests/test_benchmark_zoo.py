@@ -66,6 +66,15 @@ def test_the_dispatch_profile_feeds_every_input_of_the_artifact(tmp_path):
                                                         f"--input=f32=@{tmp_path}/inputs/01_optim.lr.bin"]
 
 
+def test_the_dispatch_profile_serves_a_frozen_artifact_its_parameter_archive(tmp_path):
+    import profile_dispatches
+
+    (tmp_path / "check.sh").write_text("exec iree-run-module \\\n  --parameters=topos=parameters.irpa \\\n"
+                                       "  --input=@inputs/00_x.npy \\\n  --expected_output=@y.npy\n")
+    assert profile_dispatches.input_flags(tmp_path) == [f"--parameters=topos={tmp_path}/parameters.irpa",
+                                                        f"--input=@{tmp_path}/inputs/00_x.npy"]
+
+
 def test_the_matmul_tile_spec_applies_and_keeps_the_product(tmp_path):
     """benchmarks/matmul_tiles.py's tuning spec sets its tiles on the dispatch, and the module still multiplies."""
     pytest.importorskip("iree.runtime")
