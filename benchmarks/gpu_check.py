@@ -11,8 +11,9 @@ prints why and exits 0. Then:
    envelope table. Printed: one line per family, every failure that no
    known divergence explains, and the measured worst deviation beside
    the declared envelope per opcode. The table's envelopes were measured
-   on llvm-cpu (and vulkan on Mesa lavapipe); a CUDA failure here is the
-   evidence for a ``TARGET_TABLES["cuda"]`` entry or a new divergence.
+   on llvm-cpu (and vulkan on Mesa lavapipe, cuda on an H200 on
+   2026-12-04); a new CUDA failure here is the evidence for a
+   ``TARGET_TABLES["cuda"]`` entry, a new divergence or a fix.
 2. Benchmark: one step of every model of docs/performance.md (MLP
    784-128-10 and 784-1024-1024-10, the 2-block GPT, makemore's MLP and
    transformer, the MNIST example's LeNet training step, GPT-2 124M forward at

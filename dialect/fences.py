@@ -13,6 +13,18 @@ the parsed StableHLO module by ``compiled.lowered``:
   scatter's dispatch and then fails ("failed to apply fusion + hoisting
   patterns"); a float32 producer fused the same way compiles, and vulkan and
   metal compile both (measured 2026-12-04).
+* ``fence_widened_products`` (``Target.fences_widened_products``: cuda, rocm).
+  A batched bfloat16 product whose left operand is read transposed (it
+  contracts an axis other than its last, in the memory it is read from: a
+  gradient ``a.T @ g`` per batch) with both operands widened from bfloat16
+  in its dispatch computes wrong values on CUDA: every batch but the last,
+  up to 3e8 float32 eps off (IREE 3.13, sm_80 PTX on an H200; every shape
+  measured from [2, 7, 3] x [2, 3, 5] to [2, 32, 8] x [2, 8, 32], and with
+  3, 4 and 8 batches; [2, 64, 48] x [2, 48, 80] was right). The same
+  product is right with either operand in float32, with the left operand
+  untransposed, or with the operands fenced; so the left operand is fenced
+  and read as a float32 buffer (the reproductions: docs/performance.md, "On a GPU").
+  rocm shares the LLVMGPU code generation and is fenced too, unmeasured.
 * ``fence_narrow_constants`` (``Target.fences_narrow_constants``: metal).
   IREE's metal-spirv target cannot materialize a bfloat16 constant of more
   than one value inside a dispatch ("'spirv.Bitcast' op mismatch in result
@@ -44,6 +56,26 @@ def fence_widened_updates(module: ir.Module) -> None:
     _fenced_operands(module, fence)
 
 
+def fence_widened_products(module: ir.Module) -> None:
+    """Every batched product's left operand fenced where both operands are widened and the left is read transposed."""
+    import re
+
+    def fence(op: ir.Operation) -> list[int]:
+        if op.name != "stablehlo.dot_general":
+            return []
+        numbers = str(op.attributes["dot_dimension_numbers"])
+        contracted = re.search(r"lhs_contracting_dimensions = \[(\d+)\]", numbers)
+        if "lhs_batching_dimensions" not in numbers or contracted is None:
+            return []
+        lhs, rhs = _widened_order(op.operands[0]), _widened_order(op.operands[1])
+        if lhs is None or rhs is None:
+            return []
+        axis = None if lhs[1] is None else lhs[1][int(contracted.group(1))]
+        return [0] if axis is None or axis != lhs[0] - 1 else []
+
+    _fenced_operands(module, fence)
+
+
 def fence_narrow_constants(module: ir.Module) -> None:
     """Every read of a non-splat 16-bit float constant in ``module`` fenced."""
 
@@ -67,20 +99,37 @@ def _fenced_operands(module: ir.Module, operands_of) -> None:
 
 
 def _widened_by_a_convert(value: ir.Value) -> bool:
-    """Whether ``value`` is a float convert's result from a narrower float type, or a reshape of one."""
+    """Whether ``value`` is a float convert's result from a narrower float, seen through reshapes and transposes."""
+    return _widened_order(value) is not None
+
+
+def _widened_order(value: ir.Value) -> tuple[int, list[int] | None] | None:
+    """For ``value`` a widening float convert's result seen through transposes and reshapes:
+    (the convert's rank, the convert's axis each axis of ``value`` reads, or None past a reshape);
+    None when ``value`` is not one."""
     from iree.compiler import ir
 
     from .lowering import _producer
 
-    while (reshape := _producer(value, "stablehlo.reshape")) is not None:
-        value = reshape.operands[0]
+    order: list[int] | None = list(range(ir.RankedTensorType(value.type).rank))
+    while True:
+        if (transpose := _producer(value, "stablehlo.transpose")) is not None:
+            permutation = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+            order = None if order is None else [permutation[axis] for axis in order]
+            value = transpose.operands[0]
+        elif (reshape := _producer(value, "stablehlo.reshape")) is not None:
+            order, value = None, reshape.operands[0]
+        else:
+            break
     convert = _producer(value, "stablehlo.convert")
     if convert is None:
-        return False
+        return None
     source = ir.RankedTensorType(convert.operands[0].type).element_type
     result = ir.RankedTensorType(value.type).element_type
     floats = (source.maybe_downcast(), result.maybe_downcast())
-    return all(isinstance(t, ir.FloatType) for t in floats) and floats[0].width < floats[1].width
+    if not (all(isinstance(t, ir.FloatType) for t in floats) and floats[0].width < floats[1].width):
+        return None
+    return ir.RankedTensorType(value.type).rank, order
 
 
 def _narrow_constant(value: ir.Value) -> bool:
@@ -97,4 +146,4 @@ def _narrow_constant(value: ir.Value) -> bool:
             and not ir.DenseElementsAttr(constant.attributes["value"]).is_splat)
 
 
-__all__ = ["fence_narrow_constants", "fence_widened_updates"]
+__all__ = ["fence_narrow_constants", "fence_widened_products", "fence_widened_updates"]

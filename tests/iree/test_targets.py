@@ -25,7 +25,7 @@ from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture
 import topos
 from topos import Tape
 from topos.dialect import conformance, conformance_cases
-from topos.dialect.compiled import TargetError
+from topos.dialect.compiled import TargetError, to_host
 from topos.dialect.targets import NARROW_SELECTIONS, TARGETS
 
 GPU_TARGETS = ("cuda", "vulkan", "metal", "rocm")
@@ -250,7 +250,7 @@ def test_vulkan_without_a_device_raises_a_target_error_in_a_fresh_process(compil
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from iree_support import mlp_step
-        from topos.dialect.compiled import TargetError
+        from topos.dialect.compiled import TargetError, to_host
         step = mlp_step()
         compiled = step.entry().lower().compile("vulkan")
         try:
@@ -331,6 +331,69 @@ def test_vulkan_resident_steps_match_the_llvm_cpu_steps(lavapipe):
     for symbol in step.network.parameter_symbols():
         got, want = np.asarray(on_vulkan[symbol], np.float64), np.asarray(on_cpu[symbol], np.float64)
         assert np.max(np.abs(got - want)) <= conformance.END_TO_END_ULPS * 2.0**-23 * np.max(np.abs(want))
+
+
+def _echo():
+    """An entry returning its input as it is (the module returns its argument) and the input squared."""
+    with Tape() as tape:
+        x = tape.input(name="x", shape=[3])
+        x * x
+    network = tape.seal()
+    return network, network.symbol(0), network.symbol(1)
+
+
+@pytest.fixture
+def staged_vulkan(lavapipe, monkeypatch):
+    """cuda's staged transfers (compiled.STAGED_DRIVERS) on lavapipe, where they run here (slower than
+    IREE's packer there, so vulkan is not staged by default)."""
+    from topos.dialect import compiled
+
+    monkeypatch.setattr(compiled, "STAGED_DRIVERS", compiled.STAGED_DRIVERS | {"vulkan"})
+
+
+def test_a_staged_driver_stages_each_feed_into_a_fresh_device_buffer(staged_vulkan):
+    network, x, square = _echo()
+    compiled = network.entry([x, square]).lower().compile("vulkan", cache=False)
+    parameters = network.parameters()
+    first = _vulkan_or_skip(compiled, parameters, {"x": np.array([1, 2, 3], np.float32)})
+    kept = first.device(x)  # the module returned its argument: this is the buffer the feed went to
+    strided = np.arange(6, dtype=np.float32)[::2] + 7  # not C-contiguous: staged as its values
+    second = compiled.forward(parameters, {"x": strided})
+    assert second[x].tolist() == [7, 9, 11] and second[square].tolist() == [49, 81, 121]
+    # The second feed went to a buffer of its own: the first call's result still holds the first feed.
+    assert first[x].tolist() == [1, 2, 3] and to_host(kept).tolist() == [1, 2, 3]
+    assert [len(spare) for spare in compiled._invoker._staging] == [1]  # one staging buffer, kept for reuse
+
+
+def test_only_the_staged_drivers_stage(lavapipe):
+    from topos.dialect.compiled import STAGED_DRIVERS
+
+    assert STAGED_DRIVERS == {"cuda"}
+    network, x, square = _echo()
+    for name in ("llvm-cpu", "vulkan"):  # IREE's packer copies their feeds
+        compiled = network.entry([x, square]).lower().compile(name, cache=False)
+        _vulkan_or_skip(compiled, network.parameters(), {"x": np.zeros(3, np.float32)})
+        assert compiled._invoker._staging is None
+
+
+def test_a_staged_driver_reads_small_results_through_a_kept_staging_buffer_from_many_threads(staged_vulkan):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from topos.dialect import compiled as module
+
+    network, x, square = _echo()
+    compiled = network.entry([x, square]).lower().compile("vulkan", cache=False)
+    parameters = network.parameters()
+    _vulkan_or_skip(compiled, parameters, {"x": np.zeros(3, np.float32)})
+
+    def call(k: int) -> bool:
+        run = compiled.forward(parameters, {"x": np.full(3, k, np.float32)})
+        return run[x].tolist() == [k] * 3 and run[square].tolist() == [k * k] * 3
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(call, range(64)))
+    kept = module._READ_STAGING[(id(compiled._device), 12)]
+    assert 1 <= len(kept) <= 8  # at most one per read in flight at once, each reused
 
 
 @pytest.mark.slow
@@ -596,18 +659,70 @@ def test_a_float32_scatter_is_not_fenced():
     assert "optimization_barrier" not in plan.compile("cuda", cache=False).stablehlo
 
 
-def test_fenced_scatters_give_the_oracles_values(monkeypatch):
+@pytest.mark.parametrize("fence, family", [("fences_widened_updates", "index"),
+                                           ("fences_widened_products", "linear")])
+def test_fenced_bfloat16_families_give_the_oracles_values(monkeypatch, fence, family):
     # cuda cannot run here: the same rewrite on llvm-cpu, graded node by node. The barrier changes no value.
     import dataclasses
 
     from topos.dialect import targets
 
-    monkeypatch.setitem(targets.TARGETS, "llvm-cpu",
-                        dataclasses.replace(TARGETS["llvm-cpu"], fences_widened_updates=True))
-    result = conformance_cases.run_family("index", topos.bfloat16, "llvm-cpu", cache=False)
+    monkeypatch.setitem(targets.TARGETS, "llvm-cpu", dataclasses.replace(TARGETS["llvm-cpu"], **{fence: True}))
+    result = conformance_cases.run_family(family, topos.bfloat16, "llvm-cpu", cache=False)
     assert result.values and not result.unexplained(), "\n".join(map(str, result.unexplained()))
-    plan = conformance_cases.record_family("index", topos.bfloat16).entry().lower()
+    plan = conformance_cases.record_family(family, topos.bfloat16).entry().lower()
     assert "stablehlo.optimization_barrier" in plan.compile("llvm-cpu", cache=False).stablehlo
+
+
+def _product(lhs: str, contract: str, transpose: str = "", widened: tuple = (True, True)) -> str:
+    """One batched product of [2, 7, 3]-ish operands as StableHLO: ``lhs`` and the rhs [2, 3, 5] each
+    bfloat16 widened to float32 (or float32 arguments, ``widened``), the lhs optionally transposed first."""
+    a_type = f"tensor<{lhs}x{'bf16' if widened[0] else 'f32'}>"
+    b_type = f"tensor<2x3x5x{'bf16' if widened[1] else 'f32'}>"
+    lines = [f"func.func @main(%a: {a_type}, %b: {b_type}) -> tensor<2x7x5xf32> {{"]
+    a, b = "%a", "%b"
+    if widened[0]:
+        lines.append(f"  %af = stablehlo.convert %a : ({a_type}) -> tensor<{lhs}xf32>")
+        a = "%af"
+    if widened[1]:
+        lines.append(f"  %bf = stablehlo.convert %b : ({b_type}) -> tensor<2x3x5xf32>")
+        b = "%bf"
+    a_shape = f"tensor<{lhs}xf32>"
+    if transpose:
+        lines.append(f"  %at = stablehlo.transpose {a}, dims = [{transpose}] : ({a_shape}) -> tensor<2x7x3xf32>")
+        a, a_shape = "%at", "tensor<2x7x3xf32>"
+    lines.append(f"  %d = stablehlo.dot_general {a}, {b}, batching_dims = [0] x [0], contracting_dims = {contract}"
+                 f" : ({a_shape}, tensor<2x3x5xf32>) -> tensor<2x7x5xf32>")
+    lines += ["  return %d : tensor<2x7x5xf32>", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, fenced", [
+    (_product("2x3x7", "[1] x [1]"), True),                        # a.T @ b per batch: wrong on CUDA unfenced
+    (_product("2x3x7", "[2] x [1]", transpose="0, 2, 1"), True),   # the same, spelled with a transpose
+    (_product("2x7x3", "[2] x [1]"), False),                       # a @ b: right on CUDA
+    (_product("2x3x7", "[1] x [1]", widened=(False, True)), False),  # a float32 operand: right
+    (_product("2x3x7", "[1] x [1]", widened=(True, False)), False),
+], ids=["transposed", "transpose-op", "plain", "f32-lhs", "f32-rhs"])
+def test_a_batched_product_of_widened_operands_is_fenced_only_where_the_left_is_read_transposed(text, fenced):
+    from topos.dialect.fences import fence_widened_products
+    from topos.dialect.freeze import rewrite_module
+
+    plain, _, _ = rewrite_module(text, [("products", fence_widened_products)])
+    barriers = [line for line in plain.splitlines() if "optimization_barrier" in line]
+    assert len(barriers) == int(fenced), plain
+    if fenced:  # the left operand, read as a float32 buffer
+        assert "tensor<2x3x7xf32>" in barriers[0] or "tensor<2x7x3xf32>" in barriers[0], plain
+
+
+@pytest.mark.parametrize("name", ["cuda", "rocm"])
+def test_the_bfloat16_linear_family_fences_its_transposed_batched_product_for_cuda_and_rocm(name):
+    plan = conformance_cases.record_family("linear", topos.bfloat16).entry().lower()
+    text = plan.compile(name, cache=False).stablehlo
+    barriers = [line for line in text.splitlines() if "optimization_barrier" in line]
+    assert len(barriers) == 1 and "tensor<2x3x7xf32>" in barriers[0], text
+    plan = conformance_cases.record_family("linear", topos.float32).entry().lower()
+    assert "optimization_barrier" not in plan.compile(name, cache=False).stablehlo
 
 
 def test_a_selection_past_int32_is_refused_for_vulkan():
