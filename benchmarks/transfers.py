@@ -1,7 +1,7 @@
 """What a compiled step's host transfers cost on a device: each way of moving its batch in and its loss out.
 
-For one benchmark model (``_zoo.py``; default the MLP 784-128-10, whose
-batch is 200 KB) compiled for ``--target`` (default cuda; served from a
+For each training model of ``_zoo.py`` (``--models``; the MLP
+784-128-10's batch is 200 KB) compiled for ``--target`` (default cuda; served from a
 prepared compile cache with ``--cache DIR`` where IREE's compiler is
 absent, as ``gpu_run.sh`` runs it), each row is the median of many calls
 in one process, pinned to one CPU (``host_overhead.py``'s pinning):
@@ -23,7 +23,7 @@ in one process, pinned to one CPU (``host_overhead.py``'s pinning):
 docs/performance.md, "On a GPU", quotes it. It never asserts a timing; a
 driver without a device prints why and exits 0.
 
-Run: python benchmarks/transfers.py [--target cuda] [--cache DIR] [--model mlp-s] [--calls 200]
+Run: python benchmarks/transfers.py [--target cuda] [--cache DIR] [--models mlp-s,lenet] [--calls 200]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import sys
 import time
 
 import numpy as np
-from _timing import table
+from _timing import chosen_models, table
 from _zoo import MODELS, build
 from gpu_check import device_problem
 from host_overhead import PINNED_CPU, device_arguments, module_floor
@@ -56,27 +56,16 @@ def median_us(call, calls: int) -> float:
     return 1e6 * statistics.median(times)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="cuda")
-    parser.add_argument("--cache", metavar="DIR", help="a prepared compile cache (gpu_prepare.sh's .gpu-cache)")
-    parser.add_argument("--model", default="mlp-s", choices=[m for m in MODELS if m != "gpt2-124m-forward"])
-    parser.add_argument("--calls", type=int, default=200)
-    args = parser.parse_args(argv)
-    chosen = find_target(args.target)
-    problem = device_problem(chosen.driver)
-    if problem is not None:
-        print(f"transfers: skipped: {problem}")
-        return 0
+def price(key: str, chosen, cache: str | None, calls: int) -> str:
+    """The table of one model's transfers (or why it was skipped)."""
     import iree.runtime as rt
 
-    model = build(args.model)
+    model = build(key)
     try:
         compiled = model.network.entry(model.roots).lower().compile(
-            chosen.name, cache=CompileCache(args.cache) if args.cache else True)
+            chosen.name, cache=CompileCache(cache) if cache else True)
     except topos.ToposError as error:  # not in the cache, and no compiler here to make it
-        print(f"transfers: skipped: {error}")
-        return 0
+        return f"{key}: skipped: {error}\n"
     feeds = model.feeds(0)
     state = [compiled.resident(model.parameters)]
 
@@ -84,28 +73,43 @@ def main(argv=None) -> int:
         state[0], run = compiled.step(state[0], feeds, model.updates)
         return np.asarray(run[model.read])
 
-    rows = [["step: compiled.step, the loss read", median_us(step, args.calls)],
+    rows = [["step: compiled.step, the loss read", median_us(step, calls)],
             ["module: VmContext.invoke on device arguments",
-             median_us(module_floor(compiled, device_arguments(compiled, model.network, feeds)).step, args.calls)]]
-    compiled._load()
+             median_us(module_floor(compiled, device_arguments(compiled, model.network, feeds)).step, calls)]]
     invoker, device = compiled._invoker, compiled._device
     arrays = [v for v in feeds.values() if isinstance(v, np.ndarray)]
     batch = max(arrays, key=lambda a: a.nbytes)
     element_type = rt.array_interop.map_dtype_to_element_type(batch.dtype)
     memory, usage = int(rt.MemoryType.DEVICE_LOCAL), int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
-    rows.append([f"batch in {list(batch.shape)}, IREE's packer (allocate_buffer_copy)",
+    rows.append([f"batch in {list(batch.shape)} {batch.dtype}, IREE's packer (allocate_buffer_copy)",
                  median_us(lambda: device.allocator.allocate_buffer_copy(memory, usage, device, batch, element_type),
-                           args.calls)])
+                           calls)])
     if invoker._staging is not None:
         slot = len(invoker._staging) - 1  # any argument slot: each keeps its own staging buffers
-        rows.append([f"batch in {list(batch.shape)}, staged (pinned, queue copy)",
-                     median_us(lambda: invoker._staged(slot, batch, element_type), args.calls)])
+        rows.append([f"batch in {list(batch.shape)} {batch.dtype}, staged (pinned, queue copy)",
+                     median_us(lambda: invoker._staged(slot, batch, element_type), calls)])
     loss = compiled.step(state[0], feeds, model.updates)[1].device(model.read)
-    rows.append(["loss out, DeviceArray.to_host", median_us(lambda: to_host(loss), args.calls)])
-    rows.append(["loss out, staged (pinned, queue copy)", median_us(lambda: _staged_to_host(loss), args.calls)])
-    print(f"{model.name} on {chosen.name} (driver {chosen.driver}); pinned to CPU {PINNED_CPU}; "
-          f"median of {args.calls} calls\n")
-    print(table(["what", "µs"], [[what, f"{us:.1f}"] for what, us in rows]))
+    rows.append(["loss out, DeviceArray.to_host", median_us(lambda: to_host(loss), calls)])
+    rows.append(["loss out, staged (pinned, queue copy)", median_us(lambda: _staged_to_host(loss), calls)])
+    return (f"{model.name} on {chosen.name} (driver {chosen.driver}); pinned to CPU {PINNED_CPU}; "
+            f"median of {calls} calls\n\n" + table(["what", "µs"], [[what, f"{us:.1f}"] for what, us in rows]) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--cache", metavar="DIR", help="a prepared compile cache (gpu_prepare.sh's .gpu-cache)")
+    trained = [m for m in MODELS if m != "gpt2-124m-forward"]  # a step that updates its parameters
+    parser.add_argument("--models", default=",".join(trained), help=f"comma-separated subset of {', '.join(trained)}")
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args(argv)
+    chosen = find_target(args.target)
+    problem = device_problem(chosen.driver)
+    if problem is not None:
+        print(f"transfers: skipped: {problem}")
+        return 0
+    for key in chosen_models(parser, args.models, trained):
+        print(price(key, chosen, args.cache, args.calls), flush=True)
     return 0
 
 
