@@ -12,13 +12,13 @@ in one process, pinned to one CPU (``host_overhead.py``'s pinning):
              alone (``host_overhead.module_floor``)
 * batch in   the largest feed to the device two ways: IREE's packer
              (``allocate_buffer_copy``: device memory allocated and mapped
-             per call; topos's way on the local drivers) and topos's
-             staging on a GPU driver (``_Invoker._staged``: a pinned
-             buffer kept per argument, a queue copy into a fresh device
-             buffer)
+             per call; topos's way on every driver but cuda) and topos's
+             staging on a ``STAGED_DRIVERS`` driver (``_Invoker._staged``:
+             a pinned buffer kept per argument, a queue copy into a fresh
+             device buffer)
 * loss out   the loss to the host two ways: ``DeviceArray.to_host`` and
              ``_staged_to_host`` (a queue copy into a pinned buffer kept
-             per size; topos's way for small results on a GPU driver)
+             per size; topos's way for small results on cuda)
 
 docs/performance.md, "On a GPU", quotes it. It never asserts a timing; a
 driver without a device prints why and exits 0.
@@ -29,12 +29,10 @@ Run: python benchmarks/transfers.py [--target cuda] [--cache DIR] [--models mlp-
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
-from _timing import chosen_models, table
+from _timing import chosen_models, median_seconds, table
 from _zoo import MODELS, build
 from gpu_check import device_problem
 from host_overhead import PINNED_CPU, device_arguments, module_floor
@@ -46,14 +44,7 @@ from topos.dialect.targets import target as find_target
 
 
 def median_us(call, calls: int) -> float:
-    for _ in range(10):  # first-call allocations, staging buffers made
-        call()
-    times = []
-    for _ in range(calls):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return 1e6 * statistics.median(times)
+    return 1e6 * median_seconds(call, calls)  # after one warm-up call: the staging buffers made
 
 
 def price(key: str, chosen, cache: str | None, calls: int) -> str:

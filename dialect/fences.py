@@ -39,6 +39,7 @@ not about compiling.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from .freeze import ops_of_main
@@ -58,7 +59,6 @@ def fence_widened_updates(module: ir.Module) -> None:
 
 def fence_widened_products(module: ir.Module) -> None:
     """Every batched product's left operand fenced where both operands are widened and the left is read transposed."""
-    import re
 
     def fence(op: ir.Operation) -> list[int]:
         if op.name != "stablehlo.dot_general":

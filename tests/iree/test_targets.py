@@ -250,7 +250,7 @@ def test_vulkan_without_a_device_raises_a_target_error_in_a_fresh_process(compil
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from iree_support import mlp_step
-        from topos.dialect.compiled import TargetError, to_host
+        from topos.dialect.compiled import TargetError
         step = mlp_step()
         compiled = step.entry().lower().compile("vulkan")
         try:
