@@ -39,6 +39,7 @@ class Peer:
     compile_seconds: float | None = None  # jax.jit: lower + compile; None for eager frameworks
     kernels: int | None = None  # jax.jit: kernels in the optimized entry computation
     memory: dict | None = None  # jax.jit: XLA's memory analysis (argument, output, temp, alias bytes)
+    lowering: Callable[[object], tuple] | None = None  # jax.jit: state -> (its Lowered step, its arguments)
 
 
 # ---- the mathematics, once ------------------------------------------------------------------------
@@ -182,6 +183,7 @@ def jax_peer(workload: Workload) -> Peer:
         name="jax.jit", version=f"jax {jax.__version__}", start=start, step=step,
         loss=lambda loss: float(loss), parameters=lambda state: {k: np.asarray(v) for k, v in state.items()},
         compile_seconds=seconds, kernels=kernels, memory=memory,
+        lowering=lambda state: (jitted.lower(state, feeds), (state, feeds)),
     )
 
 

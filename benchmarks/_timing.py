@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import statistics
 import time
@@ -98,6 +99,17 @@ def versions() -> str:
         except PackageNotFoundError:
             parts.append(f"{name} not installed")
     return ", ".join(parts)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_preamble(setting: str) -> None:
+    """A benchmark's first lines: the machine, its thread setting, the versions and the load average."""
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {setting}")
+    print(f"versions: {versions()}")
+    print(f"load average at start: {load_average()}\n", flush=True)
 
 
 def cpu_model() -> str:

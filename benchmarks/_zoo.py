@@ -99,6 +99,8 @@ class Twin:
     compile_seconds: float  # lower + compile, or the first call less one step where the twin has no lower()
     opening: list = field(default_factory=list)  # steps 0 and 1's values, where compiling had to run them
     analysis: Callable[[], dict | None] | None = None  # makes XLA's memory analysis when asked (memory.py)
+    # -> (jax's Lowered step, the arguments it was lowered for): its StableHLO for front_ends.py
+    lowering: Callable[[], tuple] | None = None
 
     @property
     def memory(self) -> dict | None:
@@ -220,7 +222,7 @@ def _gpt_twin(workload) -> Twin:
         state[0], loss = peer.step(state[0])
         return np.asarray(loss)
 
-    return Twin(step, peer.compile_seconds, analysis=lambda: peer.memory)
+    return Twin(step, peer.compile_seconds, analysis=lambda: peer.memory, lowering=lambda: peer.lowering(state[0]))
 
 
 def _first_call(step: Callable[[int], np.ndarray]) -> tuple[float, list]:
@@ -244,7 +246,8 @@ def _makemore_twin(work) -> Twin:
         return np.asarray(column(work.feeds[k % len(work.feeds)]))
 
     # The analysis compiles the step a second time: only memory.py asks for it.
-    return Twin(step, *_first_call(step), analysis=lambda: memory_analysis(column.lower(work.feeds[0]).compile()))
+    return Twin(step, *_first_call(step), analysis=lambda: memory_analysis(column.lower(work.feeds[0]).compile()),
+                lowering=lambda: (column.lower(work.feeds[0]), column.arguments(work.feeds[0])))
 
 
 def _lenet_twin(model: Model) -> Twin:
@@ -291,7 +294,8 @@ def _lenet_twin(model: Model) -> Twin:
         state[0], loss = jitted(state[0], images, labels)
         return np.asarray(loss)
 
-    return Twin(step, seconds, analysis=lambda: memory_analysis(compiled))
+    return Twin(step, seconds, analysis=lambda: memory_analysis(compiled),
+                lowering=lambda: (jitted.lower(state[0], images, labels), (state[0], images, labels)))
 
 
 def _gpt2_twin(model: Model) -> Twin:
@@ -303,4 +307,5 @@ def _gpt2_twin(model: Model) -> Twin:
     began = time.perf_counter()
     compiled = forward.lower(params, tokens).compile()
     seconds = time.perf_counter() - began
-    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds, analysis=lambda: memory_analysis(compiled))
+    return Twin(lambda k: np.asarray(forward(params, tokens)), seconds, analysis=lambda: memory_analysis(compiled),
+                lowering=lambda: (forward.lower(params, tokens), (params, tokens)))

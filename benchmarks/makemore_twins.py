@@ -224,6 +224,10 @@ def torch_column(work: Workload) -> None:
 # ---- JAX -------------------------------------------------------------------------------------------------
 
 
+def _batch_and_rate(feeds) -> tuple:
+    return {"context": feeds["context"], "next": feeds["next"]}, np.float32(feeds["optim.lr"])
+
+
 def jax_column(work: Workload) -> None:
     import jax
     import jax.numpy as jnp
@@ -305,13 +309,16 @@ def jax_column(work: Workload) -> None:
     held = {"p": params, "state": (zeros(), zeros(), jnp.float32(0.0))}  # AdamW's moments and step count
 
     def step(feeds):
-        batch = {"context": feeds["context"], "next": feeds["next"]}
-        held["p"], held["state"], loss = jitted(held["p"], held["state"], batch, np.float32(feeds["optim.lr"]))
+        held["p"], held["state"], loss = jitted(held["p"], held["state"], *_batch_and_rate(feeds))
         return float(loss)
 
-    # For XLA's memory analysis (benchmarks/memory.py): the step lowered for one batch, not run.
-    step.lower = lambda feeds: jitted.lower(held["p"], held["state"], {"context": feeds["context"],
-                                            "next": feeds["next"]}, np.float32(feeds["optim.lr"]))
+    # For XLA's memory analysis (benchmarks/memory.py) and front_ends.py: the step lowered for one batch, not run.
+    step.lower = lambda feeds: jitted.lower(held["p"], held["state"], *_batch_and_rate(feeds))
+    # The arguments of the first step, from the initial weights (front_ends.py runs jax's module on them).
+    initial = {name: np.asarray(array) for name, array in work.initial.items()}
+    step.arguments = lambda feeds: (initial, ({n: np.zeros_like(w) for n, w in initial.items()},
+                                              {n: np.zeros_like(w) for n, w in initial.items()}, np.float32(0.0)),
+                                    *_batch_and_rate(feeds))
     work.columns[f"jax {jax.__version__}.jit"] = step
 
 

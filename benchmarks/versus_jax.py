@@ -41,14 +41,10 @@ from __future__ import annotations
 import os
 import sys
 
-THREADS = 2 if "--threads" in sys.argv and sys.argv[sys.argv.index("--threads") + 1:][:1] == ["2"] else 1
-if THREADS == 1:
-    # Before NumPy or JAX load: their thread pools are sized at load time.
-    PINNED_CPU = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {PINNED_CPU})
-    for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_variable] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pinning import PINNED_CPU, THREADS  # noqa: E402  (first: it pins before NumPy or JAX load)
+
+# isort: split
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -60,13 +56,10 @@ import time  # noqa: E402
 # Loaded before anything is timed, as jax is: a cache hit checks its module with the runtime, whose
 # first import in a process costs 20 ms warm and up to about 100 ms from a cold disk.
 import iree.runtime  # noqa: E402, F401
-
-from topos.dialect.cache import CompileCache  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
+from _timing import chosen_models, interleaved, load_average, print_preamble, relative_difference, table  # noqa: E402
 from _zoo import MODELS, PER_ROUND, build, jax_step, too_large, topos_step  # noqa: E402
 
+from topos.dialect.cache import CompileCache  # noqa: E402
 
 
 def topos_column(model, driver: str, frozen: bool = False):
@@ -119,9 +112,7 @@ def main() -> None:
     else:
         driver, clock_name = "local-sync", "process CPU"
         setting = f"1 thread: pinned to CPU {PINNED_CPU}, IREE local-sync, OPENBLAS/OMP/MKL_NUM_THREADS=1"
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {setting}")
-    print(f"versions: {versions()}")
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
+    print_preamble(setting)
 
     rows, compile_rows = [], []
     for key in chosen:
@@ -169,7 +160,7 @@ def main() -> None:
                  "recording s"], compile_rows))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"\npeak resident memory of this process: {peak:.1f} GiB")
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
 
 
 if __name__ == "__main__":

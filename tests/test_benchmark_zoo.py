@@ -103,3 +103,34 @@ def test_the_matmul_tile_spec_applies_and_keeps_the_product(tmp_path):
     arguments = compiled._arguments(network.parameters(), None)
     got = np.asarray(context.modules[module.name]["main"](*arguments))
     np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", ["makemore-mlp", "lenet"])
+def test_the_front_ends_benchmark_writes_every_argument_of_jaxs_module(key, tmp_path):
+    """jax's @main takes exactly the twin's flattened arguments, in jax's dtypes (int64 feeds become int32)."""
+    pytest.importorskip("jax")
+    import front_ends
+
+    text, inputs = front_ends.jax_module(_zoo.jax_step(_zoo.build(key)), tmp_path / "jax")
+    signature = text[text.index("func.func public @main("):]
+    declared = front_ends._ARGUMENT.findall(signature[:signature.index("{\n")])
+    assert len(inputs) == len(declared) > 2
+    loaded = [np.load(flag.split("@", 1)[1]) for flag in inputs]
+    assert all(array.dtype != np.int64 for array in loaded)
+    if key == "makemore-mlp":  # the token contexts, int64 in topos, are int32 as jax.jit passes them
+        assert any(array.dtype == np.int32 and array.ndim == 2 for array in loaded)
+
+
+def test_the_front_ends_benchmark_runs_both_texts_and_they_agree():
+    """One model through benchmarks/front_ends.py: both StableHLO texts compile, run and read back the same loss."""
+    pytest.importorskip("jax")
+    pytest.importorskip("iree.runtime")
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "front_ends.py"
+    done = subprocess.run([sys.executable, str(script), "--models", "mlp-s", "--rounds", "1", "--seconds", "0.05",
+                           "--compiles", "1"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| MLP 784-128-10") and "x |" in line)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and float(cells[2]) > 0 and float(cells[4]) < 1e-5, row

@@ -1,8 +1,10 @@
 // RUN: %topos-opt %s --split-input-file --topos-lower-to-stablehlo | filecheck %s
 
-// gather copies rows: output = selection.shape + table.shape[1:].
+// gather copies rows: output = selection.shape + table.shape[1:]. The index vector is an
+// explicit trailing axis of one (IREE gathers an implicit one element by element).
 // CHECK-LABEL: func.func @gather
-// CHECK-NEXT:    %[[R:.+]] = "stablehlo.gather"(%arg0, %arg1) <{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, slice_sizes = array<i64: 1, 3>}> : (tensor<5x3xf32>, tensor<2x4xi64>) -> tensor<2x4x3xf32>
+// CHECK-NEXT:    %[[I:.+]] = stablehlo.reshape %arg1 : (tensor<2x4xi64>) -> tensor<2x4x1xi64>
+// CHECK-NEXT:    %[[R:.+]] = "stablehlo.gather"(%arg0, %[[I]]) <{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, slice_sizes = array<i64: 1, 3>}> : (tensor<5x3xf32>, tensor<2x4x1xi64>) -> tensor<2x4x3xf32>
 // CHECK-NEXT:    return %[[R]]
 func.func @gather(%arg0: tensor<5x3xf32>, %arg1: tensor<2x4xi64>) -> tensor<2x4x3xf32> {
   %0 = "topos.gather"(%arg0, %arg1) {node = 2 : i64} : (tensor<5x3xf32>, tensor<2x4xi64>) -> tensor<2x4x3xf32>

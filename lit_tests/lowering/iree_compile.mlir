@@ -5,7 +5,7 @@
 // CHECK-LABEL: func.func @main
 // CHECK-DAG:     stablehlo.dot_general %arg2, %arg0
 // CHECK-DAG:     stablehlo.tanh
-// CHECK-DAG:     "stablehlo.gather"(%arg1, %arg3)
+// CHECK-DAG:     "stablehlo.gather"(%arg1, %{{.+}}) {{.*}} (tensor<4x2xf32>, tensor<3x1xi64>)
 // CHECK-DAG:     chlo.erf
 // CHECK-DAG:     "stablehlo.scatter"
 // CHECK-DAG:     stablehlo.reduce({{.*}}) applies stablehlo.add across dimensions = [0] : (tensor<6xf32>, tensor<f32>) -> tensor<f32>
