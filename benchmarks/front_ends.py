@@ -8,7 +8,7 @@ modules of the same mathematics: topos's own (``plan.export``'s
 of the twin in ``_zoo.py``). It compiles both with topos's flags for
 that module (``module_flags``: data tiling, tile budget and distribution
 chosen by the same plan; IREE's img2col added where jax's text holds a
-``stablehlo.convolution``, as ``flags_for`` adds it to any StableHLO
+``stablehlo.convolution``, as ``module_flags`` adds it to any StableHLO
 that holds one) and times them the same way.
 
 - **Compile.** In-process ``iree.compiler`` on each text, in alternating
@@ -42,6 +42,7 @@ from _pinning import PINNED_CPU, THREADS  # noqa: E402  (first: it pins before N
 # isort: split
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -55,13 +56,13 @@ from _zoo import MODELS, jax_step, models_that_fit  # noqa: E402
 from profile_dispatches import _UNITS, input_flags, tool  # noqa: E402
 
 from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
-from topos.dialect.targets import IMG2COL_FLAGS, target  # noqa: E402
+from topos.dialect.targets import target  # noqa: E402
 
 _ARGUMENT = re.compile(r"%arg\d+: ")
 
 
-def jax_module(twin, folder: Path) -> tuple[str, list[str]]:
-    """(jax's StableHLO of the twin's step, iree-benchmark-module --input flags for its arguments).
+def jax_module(twin, folder: Path) -> tuple[str, list[str], int]:
+    """(jax's StableHLO of the twin's step, iree-benchmark-module --input flags for its arguments, its results).
 
     The arguments are the ones the step was lowered for, flattened as jax
     flattens them (dicts by sorted key) and written to ``folder``.
@@ -83,7 +84,7 @@ def jax_module(twin, folder: Path) -> tuple[str, list[str]]:
     for k, leaf in enumerate(leaves):
         np.save(folder / f"{k}.npy", leaf)
         inputs.append(f"--input=@{folder / f'{k}.npy'}")
-    return text, inputs
+    return text, inputs, len(jax.tree_util.tree_leaves(lowered.out_info))
 
 
 def _run(tool_name: str, vmfb: Path, inputs: list[str], driver: str, *extra: str) -> str:
@@ -114,21 +115,21 @@ def result(vmfb: Path, inputs: list[str], driver: str, count: int, wanted: int, 
 
 
 def topos_read(folder: Path, read) -> tuple[int, int]:
-    """(results of the export's module, the position of the value the step reads back), from its expected/."""
-    expected = sorted(p.name for p in (folder / "expected").iterdir())
-    node = f"_node{str(read).lstrip('%')}_"
-    return len(expected), next(k for k, name in enumerate(expected) if node in name)
+    """(results of the export's module, the position of the value the step reads back), from its manifest."""
+    results = json.loads((folder / "manifest.json").read_text())["results"]
+    return len(results), next(r["position"] for r in results if r["node"] == read.index)
 
 
-def compile_rounds(texts: dict[str, str], flags: dict[str, tuple], rounds: int) -> dict[str, float]:
-    """name -> median seconds of compiling its text, the names taking turns."""
+def compile_rounds(texts: dict[str, str], flags: dict[str, tuple], rounds: int) -> tuple[dict, dict]:
+    """(name -> median seconds of compiling its text, the names taking turns; name -> its last module)."""
     seconds: dict[str, list[float]] = {name: [] for name in texts}
+    modules: dict[str, bytes] = {}
     for r in range(rounds):
         for name in (list(texts) if r % 2 == 0 else list(texts)[::-1]):
             began = time.perf_counter()
-            compile_stablehlo(texts[name], flags[name])
+            modules[name] = compile_stablehlo(texts[name], flags[name])
             seconds[name].append(time.perf_counter() - began)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    return {name: statistics.median(values) for name, values in seconds.items()}, modules
 
 
 def main() -> None:
@@ -156,20 +157,17 @@ def main() -> None:
             folder = Path(scratch) / "topos"
             plan.export(folder, "llvm-cpu", parameters=model.parameters, feeds=model.feeds(0), cpu="host")
             ours = (folder / "module.stablehlo.mlir").read_text()
-            flags = module_flags(plan, target("llvm-cpu"), "host", None, driver=driver)
             twin = jax_step(model)
-            theirs, their_inputs = jax_module(twin, Path(scratch) / "jax")
-            their_flags = flags + (IMG2COL_FLAGS if "stablehlo.convolution" in theirs
-                                   and not set(IMG2COL_FLAGS) <= set(flags) else ())
-            seconds = compile_rounds({"topos": ours, "jax": theirs}, {"topos": flags, "jax": their_flags},
-                                     args.compiles)
-            modules = {"topos": Path(scratch) / "topos.vmfb", "jax": Path(scratch) / "jax.vmfb"}
-            modules["topos"].write_bytes(compile_stablehlo(ours, flags))
-            modules["jax"].write_bytes(compile_stablehlo(theirs, their_flags))
+            theirs, their_inputs, theirs_count = jax_module(twin, Path(scratch) / "jax")
+            texts = {"topos": ours, "jax": theirs}
+            # Each text's flags as compile() builds them; jax's convolutions bring IREE's img2col.
+            flags = {name: module_flags(plan, target("llvm-cpu"), "host", None, text=text, driver=driver)
+                     for name, text in texts.items()}
+            seconds, compiled = compile_rounds(texts, flags, max(1, args.compiles))
+            modules = {name: Path(scratch) / f"{name}.vmfb" for name in texts}
+            for name, path in modules.items():
+                path.write_bytes(compiled[name])
             inputs = {"topos": input_flags(folder), "jax": their_inputs}
-            import jax
-
-            theirs_count = len(jax.tree_util.tree_leaves(twin.lowering()[0].out_info))
             ours_count, ours_read = topos_read(folder, model.read)
             agree = relative_difference(  # jax's step returns the state, then the loss: its last result
                 result(modules["jax"], inputs["jax"], driver, theirs_count, theirs_count - 1, Path(scratch) / "out-j"),

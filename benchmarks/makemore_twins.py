@@ -316,9 +316,8 @@ def jax_column(work: Workload) -> None:
     step.lower = lambda feeds: jitted.lower(held["p"], held["state"], *_batch_and_rate(feeds))
     # The arguments of the first step, from the initial weights (front_ends.py runs jax's module on them).
     initial = {name: np.asarray(array) for name, array in work.initial.items()}
-    step.arguments = lambda feeds: (initial, ({n: np.zeros_like(w) for n, w in initial.items()},
-                                              {n: np.zeros_like(w) for n, w in initial.items()}, np.float32(0.0)),
-                                    *_batch_and_rate(feeds))
+    moments = {name: np.zeros_like(array) for name, array in initial.items()}  # read, never written: shared
+    step.arguments = lambda feeds: (initial, (moments, moments, np.float32(0.0)), *_batch_and_rate(feeds))
     work.columns[f"jax {jax.__version__}.jit"] = step
 
 

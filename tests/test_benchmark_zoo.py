@@ -111,7 +111,7 @@ def test_the_front_ends_benchmark_writes_every_argument_of_jaxs_module(key, tmp_
     pytest.importorskip("jax")
     import front_ends
 
-    text, inputs = front_ends.jax_module(_zoo.jax_step(_zoo.build(key)), tmp_path / "jax")
+    text, inputs, _ = front_ends.jax_module(_zoo.jax_step(_zoo.build(key)), tmp_path / "jax")
     signature = text[text.index("func.func public @main("):]
     declared = front_ends._ARGUMENT.findall(signature[:signature.index("{\n")])
     assert len(inputs) == len(declared) > 2
