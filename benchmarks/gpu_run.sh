@@ -15,7 +15,8 @@ if [ ! -d .whl ] || [ ! -d .gpu-cache ]; then
     exit 2
 fi
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-# Then what one step's host transfers cost there (benchmarks/transfers.py), on the same --target.
+# Then what one step's host transfers cost there (benchmarks/transfers.py), on the same --target,
+# unpinned as gpu_check.py runs: the GPU driver's own threads need CPUs besides Python's.
 TARGET=cuda
 previous=
 for option in "$@"; do
@@ -26,5 +27,5 @@ done
 status=0
 PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 "$PY" benchmarks/gpu_check.py --cache .gpu-cache "$@" || status=$?
 echo
-PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 "$PY" benchmarks/transfers.py --target "$TARGET" --cache .gpu-cache || status=$?
+PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 "$PY" benchmarks/transfers.py --target "$TARGET" --cache .gpu-cache --threads 2 || status=$?
 exit $status

@@ -4,7 +4,10 @@ For each training model of ``_zoo.py`` (``--models``; the MLP
 784-128-10's batch is 200 KB) compiled for ``--target`` (default cuda; served from a
 prepared compile cache with ``--cache DIR`` where IREE's compiler is
 absent, as ``gpu_run.sh`` runs it), each row is the median of many calls
-in one process, pinned to one CPU (``host_overhead.py``'s pinning):
+in one process. ``--threads 1`` (the default) pins the process to one CPU
+(``_pinning.py``); ``--threads 2`` leaves it unpinned, as ``gpu_run.sh``
+runs it: a GPU driver has threads of its own, and on one CPU they wait
+for the Python thread.
 
 * step       ``compiled.step`` on resident parameters, then the loss read:
              what a training loop does
@@ -13,9 +16,11 @@ in one process, pinned to one CPU (``host_overhead.py``'s pinning):
 * batch in   the largest feed to the device two ways: IREE's packer
              (``allocate_buffer_copy``: device memory allocated and mapped
              per call; topos's way on every driver but cuda) and topos's
-             staging on a ``STAGED_DRIVERS`` driver (``_Invoker._staged``:
-             a pinned buffer kept per argument, a queue copy into a fresh
-             device buffer)
+             staging on a ``STAGED_DRIVERS`` driver (``_Invoker._staged``
+             and ``_copied``: a pinned buffer kept per argument, a queue
+             copy into a fresh device buffer)
+* feeds in   every array the step feeds, staged as ``compiled.step`` stages
+             them: their copies submitted together, one wait
 * loss out   the loss to the host two ways: ``DeviceArray.to_host`` and
              ``_staged_to_host`` (a queue copy into a pinned buffer kept
              per size; topos's way for small results on cuda)
@@ -23,24 +28,33 @@ in one process, pinned to one CPU (``host_overhead.py``'s pinning):
 docs/performance.md, "On a GPU", quotes it. It never asserts a timing; a
 driver without a device prints why and exits 0.
 
-Run: python benchmarks/transfers.py [--target cuda] [--cache DIR] [--models mlp-s,lenet] [--calls 200]
+Run: python benchmarks/transfers.py [--target cuda] [--cache DIR] [--models mlp-s,lenet] [--calls 200] [--threads 1|2]
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
-import numpy as np
-from _timing import chosen_models, median_seconds, table
-from _zoo import MODELS, build
-from gpu_check import device_problem
-from host_overhead import PINNED_CPU, device_arguments, module_floor
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pinning import PINNED_CPU, STARTING_CPUS  # noqa: E402  (first: it pins before NumPy loads)
 
-import topos
-from topos.dialect.cache import CompileCache
-from topos.dialect.compiled import _staged_to_host, to_host
-from topos.dialect.targets import target as find_target
+# isort: split
+import argparse  # noqa: E402
+
+import numpy as np  # noqa: E402
+from _timing import chosen_models, median_seconds, table  # noqa: E402
+from _zoo import MODELS, build  # noqa: E402
+from gpu_check import device_problem  # noqa: E402
+from host_overhead import device_arguments, module_floor  # noqa: E402
+
+import topos  # noqa: E402
+from topos.dialect.cache import CompileCache  # noqa: E402
+from topos.dialect.compiled import _staged_to_host, to_host  # noqa: E402
+from topos.dialect.targets import target as find_target  # noqa: E402
+
+if PINNED_CPU is None:  # --threads 2: undo the pinning benchmarks/compiled.py does when host_overhead imports it
+    os.sched_setaffinity(0, STARTING_CPUS)
 
 
 def median_us(call, calls: int) -> float:
@@ -76,13 +90,23 @@ def price(key: str, chosen, cache: str | None, calls: int) -> str:
                  median_us(lambda: device.allocator.allocate_buffer_copy(memory, usage, device, batch, element_type),
                            calls)])
     if invoker._staging is not None:
-        slot = len(invoker._staging) - 1  # any argument slot: each keeps its own staging buffers
+        def staged(arrays: list) -> None:
+            copies: list = []
+            for slot, array in enumerate(arrays):  # a slot each: every argument slot keeps its own staging buffers
+                invoker._staged(slot, array, rt.array_interop.map_dtype_to_element_type(array.dtype), copies)
+            invoker._copied(copies)
+
         rows.append([f"batch in {list(batch.shape)} {batch.dtype}, staged (pinned, queue copy)",
-                     median_us(lambda: invoker._staged(slot, batch, element_type), calls)])
+                     median_us(lambda: staged([batch]), calls)])
+        if len(arrays) > 1:
+            rows.append([f"feeds in, all {len(arrays)} staged, one wait ({sum(a.nbytes for a in arrays)} bytes)",
+                         median_us(lambda: staged(arrays), calls)])
     loss = compiled.step(state[0], feeds, model.updates)[1].device(model.read)
     rows.append(["loss out, DeviceArray.to_host", median_us(lambda: to_host(loss), calls)])
     rows.append(["loss out, staged (pinned, queue copy)", median_us(lambda: _staged_to_host(loss), calls)])
-    return (f"{model.name} on {chosen.name} (driver {chosen.driver}); pinned to CPU {PINNED_CPU}; "
+    cpus = sorted(os.sched_getaffinity(0))
+    where = f"pinned to CPU {cpus[0]}" if len(cpus) == 1 else f"unpinned ({len(cpus)} CPUs)"
+    return (f"{model.name} on {chosen.name} (driver {chosen.driver}); {where}; "
             f"median of {calls} calls\n\n" + table(["what", "µs"], [[what, f"{us:.1f}"] for what, us in rows]) + "\n")
 
 
@@ -93,6 +117,8 @@ def main(argv=None) -> int:
     trained = [m for m in MODELS if m != "gpt2-124m-forward"]  # a step that updates its parameters
     parser.add_argument("--models", default=",".join(trained), help=f"comma-separated subset of {', '.join(trained)}")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--threads", type=int, choices=(1, 2), default=1,
+                        help="1: pinned to one CPU (the default); 2: unpinned (_pinning.py reads it)")
     args = parser.parse_args(argv)
     chosen = find_target(args.target)
     problem = device_problem(chosen.driver)

@@ -419,6 +419,57 @@ def test_a_staged_driver_reads_small_results_through_a_kept_staging_buffer_from_
     assert 1 <= len(kept) <= 8  # at most one per read in flight at once, each reused
 
 
+def _scaled():
+    """x * s and w + s: two array feeds and a rank-0 one (fed as a Python float)."""
+    with Tape() as tape:
+        x, w = tape.input(name="x", shape=[3]), tape.input(name="w", shape=[2])
+        s = tape.input(name="s", shape=[])
+        scaled, shifted = x * s.broadcast_to([3]), w + s.broadcast_to([2])
+    return tape.seal(), scaled.symbol, shifted.symbol
+
+
+def test_a_staged_call_copies_its_feeds_together_and_keeps_a_float_once_it_is_copied(staged_vulkan):
+    network, scaled, shifted = _scaled()
+    compiled = network.entry([scaled, shifted]).lower().compile("vulkan", cache=False)
+    parameters, rate = network.parameters(), 0.25
+    rng = np.random.default_rng(5)
+    # The same float object twice (its device copy reused), then new ones; every product is exact.
+    for k, value in enumerate([rate, rate, 0.125, 3.0, rate]):
+        feeds = {"x": rng.standard_normal(3).astype(np.float32), "w": rng.standard_normal(2).astype(np.float32),
+                 "s": value}
+        run = _vulkan_or_skip(compiled, parameters, feeds)
+        oracle = network.forward(parameters, feeds)
+        for symbol in (scaled, shifted):
+            assert run[symbol].tobytes() == oracle[symbol].tobytes(), (k, symbol)
+    invoker = compiled._invoker
+    assert [len(spare) for spare in invoker._staging] == [1, 1, 1]  # one kept per argument, free again
+    assert invoker._numbers[2][0] is rate
+
+
+def test_staged_calls_from_many_threads_each_get_their_own_floats_result(staged_vulkan):
+    """Five float objects fed from four threads: a kept device copy serves only the float it holds.
+
+    (The device copy is kept only once its copy is done; lavapipe runs its
+    queue in order, so a copy published too early would not show here.)
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Tape() as tape:
+        s = tape.input(name="s", shape=[]).broadcast_to([3])
+        doubled = (s + s).symbol
+    network = tape.seal()
+    compiled = network.entry([doubled]).lower().compile("vulkan", cache=False)
+    parameters = network.parameters()
+    _vulkan_or_skip(compiled, parameters, {"s": 1.0})
+    rates = [float(k % 5) for k in range(64)]  # five float objects, each fed from several threads
+
+    def call(k: int) -> bool:  # the float is the only feed: nothing else of the call waits for a copy
+        return compiled.forward(parameters, {"s": rates[k]})[doubled].tolist() == [2 * rates[k]] * 3
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(call, range(64)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", ["gpt", "makemore-transformer"])
 def test_vulkan_benchmark_step_on_lavapipe_node_by_node_within_the_envelope(lavapipe, key):
