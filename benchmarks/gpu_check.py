@@ -22,7 +22,9 @@ prints why and exits 0. Then:
    twin on jax's default device (the same GPU where jax has its CUDA
    plugin), with the agreement of their first two steps; llvm-cpu where
    IREE's compiler is here; and the NumPy FAST plan for scale. Median
-   milliseconds per step and compile seconds. It never asserts timings.
+   milliseconds per step and compile seconds; topos's step and jax's take
+   turns in five rounds (ABBA), a fifth of ``--steps`` each, so that the
+   GPU's drift over a run moves both alike. It never asserts timings.
 
 In two halves where the GPU machine has no IREE compiler (the lent
 machines have jax with CUDA but not IREE, and the compiler's 84 MB wheel
@@ -55,7 +57,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _timing import chosen_models, median_seconds, relative_difference, table  # noqa: E402
+from _timing import chosen_models, interleaved, median_seconds, relative_difference, table  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
@@ -125,9 +127,16 @@ def conformance_check(target: str, families, dtypes, cache) -> tuple[dict, int]:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _zoo import MODELS, build, jax_step, too_large, topos_step  # noqa: E402
 
+ROUNDS = 5  # topos's step and its jax.jit twin take turns this many times (ABBA), a fifth of --steps each
 
-def _median_ms(run, steps: int) -> float:
-    return 1000 * median_seconds(run, steps)
+
+def _timed(steps: dict, count: int) -> dict[str, str]:
+    """name -> median ms of one call of each step, ``count`` calls each, the steps taking turns in ``ROUNDS``
+    rounds so that a GPU whose state drifts over the run (clocks, other work) moves every column alike;
+    a cell that is already text (a refusal) stays as it is."""
+    calls = {name: step for name, step in steps.items() if callable(step)}
+    timings = interleaved(calls, max(1, count // ROUNDS), ROUNDS, warmup=1, alternate=True) if calls else {}
+    return {name: f"{1000 * timings[name].wall:.3f}" if name in timings else step for name, step in steps.items()}
 
 
 def _compile(built, target: str, cache, frozen: bool):
@@ -135,32 +144,30 @@ def _compile(built, target: str, cache, frozen: bool):
     return built.network.entry(built.roots).lower().compile(target, cache=cache, **options)
 
 
-def _topos_cells(built, target: str, steps: int, frozen: bool, cache) -> tuple[list[str], list]:
-    """([median ms a step, compile s], the first two steps' read-back values) of ``built`` on ``target``.
-
-    Parameters resident, or ``frozen`` into the module; a model refused is one cell saying why, and no values.
-    """
+def _topos_step(built, target: str, frozen: bool, cache) -> tuple[object, str, list]:
+    """(one step of ``built`` on ``target`` to time, or the cell saying why it was refused; the compile cell;
+    the first two steps' read-back values). Parameters resident, or ``frozen`` into the module."""
     started = time.perf_counter()
     try:
         compiled = _compile(built, target, cache, frozen)
     except topos.ToposError as error:
-        return [_refusal(error), "-"], []
+        return _refusal(error), "-", []
     seconds = time.perf_counter() - started
     one_step = _counted(topos_step(built, compiled), 0)
     opening = [one_step(), one_step()]  # steps 0 and 1, as the jax twin takes them
-    hit = " (cached)" if compiled.cache_hit else ""
-    return [f"{_median_ms(one_step, steps):.3f}", f"{seconds:.1f}{hit}"], opening
+    return one_step, f"{seconds:.1f}{' (cached)' if compiled.cache_hit else ''}", opening
 
 
-def _jax_cells(built, steps: int, opening: list) -> list[str]:
-    """[median ms a step, lower + compile s, agreement with topos's first two steps] of the model's jax.jit twin."""
+def _jax_step(built, opening: list) -> tuple[object, str, str]:
+    """(one step of the model's jax.jit twin to time, or the cell saying why it failed; its lower + compile
+    seconds; the agreement of its first two steps with topos's)."""
     try:
         twin = jax_step(built)
     except Exception as error:  # noqa: BLE001  (a twin jax cannot build here: say so in its cell)
-        return [f"failed: {' '.join(str(error).split())[:50]}", "-", "-"]
+        return f"failed: {' '.join(str(error).split())[:50]}", "-", "-"
     theirs = twin.opening[:2] if twin.opening else [twin.step(0), twin.step(1)]
     agreement = f"{max(relative_difference(a, b) for a, b in zip(opening, theirs)):.1e}" if opening else "-"
-    return [f"{_median_ms(_counted(twin.step, 2), steps):.3f}", f"{twin.compile_seconds:.1f}", agreement]
+    return _counted(twin.step, 2), f"{twin.compile_seconds:.1f}", agreement
 
 
 def _counted(step, k: int):
@@ -185,7 +192,7 @@ def _numpy_cell(built, steps: int) -> str:
     """Median ms of ``built``'s NumPy FAST plan, for scale."""
     plan = built.network.entry(built.roots, numerics=Numerics.FAST).lower()
     parameters, feeds = built.parameters, built.feeds(0)
-    return f"{_median_ms(lambda: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}"
+    return f"{1000 * median_seconds(lambda: plan.forward(parameters, feeds), max(3, steps // 10)):.3f}"
 
 
 def _rows(models) -> list:
@@ -222,13 +229,17 @@ def benchmark(target: str, steps: int, models=MODELS, cache=None) -> None:
               f"{target} modules only: a module for another machine's CPU could stop this one on SIGILL)")
     rows = []
     for label, built, frozen in _rows(models):
-        cells, opening = _topos_cells(built, target, steps, frozen, cache)
+        ours, compiled_in, opening = _topos_step(built, target, frozen, cache)
+        twin = _jax_step(built, opening) if jax is not None and not frozen else None  # one jax row per model
+        timed = _timed({"topos": ours, **({"jax": twin[0]} if twin else {})}, steps)
+        cells = [timed["topos"], compiled_in]
         if jax is not None:
-            theirs = ["-", "-", "-"] if frozen else _jax_cells(built, steps, opening)  # one jax row per model
+            theirs = [timed["jax"], *twin[1:]] if twin else ["-", "-", "-"]
             ratio = f"{float(theirs[0]) / float(cells[0]):.2f}x" if _number(theirs[0]) and _number(cells[0]) else "-"
             cells += [*theirs, ratio]
         if cpu_column:
-            cells += _topos_cells(built, "llvm-cpu", steps, frozen, cache)[0]
+            on_cpu, cpu_compiled_in, _ = _topos_step(built, "llvm-cpu", frozen, cache)
+            cells += [_timed({"llvm-cpu": on_cpu}, steps)["llvm-cpu"], cpu_compiled_in]
         # A 124M-weight NumPy forward takes seconds a call.
         cells.append("-" if built.key == "gpt2-124m-forward" else _numpy_cell(built, steps))
         rows.append([label, *cells])
