@@ -29,20 +29,16 @@ from __future__ import annotations
 import os
 import sys
 
-PINNED_CPU = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {PINNED_CPU})
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _pinning  # noqa: E402, F401  (first: one core is the measurement's, pinned before NumPy loads)
 
+# isort: split
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpt import mlp_s, small_gpt  # noqa: E402
-from _timing import median_seconds, table  # noqa: E402
+from _timing import chosen_models, median_seconds, table  # noqa: E402
 from compiled import module_runner  # noqa: E402  (the same local-sync harness as the compiled benchmark)
 
 VARIANTS = {
@@ -74,8 +70,11 @@ def main() -> None:
     options.add_argument("--repeats", type=int, default=2)
     options.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from the list above")
     args = options.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if unknown := sorted(set(variants) - set(VARIANTS)):
+        options.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     rows = []
-    for name in args.models.split(","):
+    for name in chosen_models(options, args.models, MODELS):
         workload = MODELS[name]()
         plan = workload.trained.entry(workload.updates.roots(workload.loss)).lower()
         compiled = plan.compile("llvm-cpu", cache=False)
@@ -87,7 +86,7 @@ def main() -> None:
             jax_seconds = jax_peer(workload).compile_seconds
         except ImportError:
             jax_seconds = None
-        for variant in args.variants.split(","):
+        for variant in variants:
             added, removed = VARIANTS[variant]
             keys = {flag.split("=")[0] for flag in added}
             flags = [f for f in base if f not in removed and f.split("=")[0] not in keys] + list(added)

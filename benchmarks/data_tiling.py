@@ -22,16 +22,14 @@ from __future__ import annotations
 import os
 import sys
 
-PINNED_CPU = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {PINNED_CPU})
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pinning import PINNED_CPU  # noqa: E402  (first: one core is the measurement's, pinned before NumPy loads)
 
+# isort: split
 import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import measure, module_runner  # noqa: E402

@@ -23,20 +23,16 @@ from __future__ import annotations
 import os
 import sys
 
-PINNED_CPU = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {PINNED_CPU})
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pinning import PINNED_CPU  # noqa: E402  (first: one core is the measurement's, pinned before NumPy loads)
 
+# isort: split
 import argparse  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import interleaved, median_seconds, table  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
