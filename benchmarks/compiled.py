@@ -44,30 +44,21 @@ from __future__ import annotations
 import os
 import sys
 
-ALL_THREADS = "--all-threads" in sys.argv
-if not ALL_THREADS:
-    # Before NumPy, PyTorch or JAX load: their thread pools are sized at load time.
-    PINNED_CPU = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {PINNED_CPU})
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _pinning  # noqa: E402  (first: its thread setting applies before NumPy, PyTorch or JAX load)
 
+# isort: split
 import argparse
 import platform
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
-from _timing import Timing, chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
 from _peers import available
+from _timing import Timing, chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
 
 from topos import Numerics
 from topos.dialect.targets import DATA_TILING_FLAGS
@@ -304,9 +295,10 @@ def main() -> None:
     chosen = chosen_models(parser, args.models, MODELS)
 
     peers = available()
-    threads = ("all threads (no affinity or thread settings)" if ALL_THREADS else
-               f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; torch.set_num_threads(1)")
-    if not isinstance(peers.get("torch"), str) and not ALL_THREADS:
+    pinned = _pinning.PINNED_CPU
+    threads = ("all threads (no affinity or thread settings)" if pinned is None else
+               f"pinned to CPU {pinned}; OPENBLAS/OMP/MKL_NUM_THREADS=1; torch.set_num_threads(1)")
+    if not isinstance(peers.get("torch"), str) and pinned is not None:
         import torch
 
         torch.set_num_threads(1)

@@ -25,16 +25,20 @@ Run: python benchmarks/convolutions.py [--rounds 9]
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
-from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _pinning  # noqa: E402, F401  (first: one core is the measurement's, pinned before NumPy loads)
+
+# isort: split
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from _timing import cpu_model, median_seconds, table  # noqa: E402

@@ -50,15 +50,10 @@ from __future__ import annotations
 import os
 import sys
 
-ALL_THREADS = "--all-threads" in sys.argv
-if not ALL_THREADS:
-    # Before NumPy, PyTorch or JAX load: their thread pools are sized at load time.
-    PINNED_CPU = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {PINNED_CPU})
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pinning import PINNED_CPU  # noqa: E402  (first: its thread setting applies before NumPy, PyTorch or JAX load)
 
+# isort: split
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
@@ -122,10 +117,10 @@ def main() -> None:
 
     import torch
 
-    if not ALL_THREADS:
+    if PINNED_CPU is not None:
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-    threads = "all threads" if ALL_THREADS else (f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; "
+    threads = "all threads" if PINNED_CPU is None else (f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; "
                                                  "torch.set_num_threads(1)")
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; {threads}")
     print(f"versions: {versions()}")

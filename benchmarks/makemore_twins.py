@@ -38,12 +38,10 @@ from __future__ import annotations
 import os
 import sys
 
-PINNED_CPU = min(os.sched_getaffinity(0))
-if __name__ == "__main__":  # run as the benchmark: one core; imported (by _zoo.py), leave the caller's threads alone
-    os.sched_setaffinity(0, {PINNED_CPU})
-    for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_variable] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _pinning  # noqa: E402  (first: run as the benchmark it pins before NumPy or JAX load; imported, it pins nothing)
+
+# isort: split
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
@@ -367,7 +365,7 @@ def main(argv=None) -> None:
         options.error(f"unknown model(s) {', '.join(unknown)}; pick from mlp, transformer")
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, pinned to CPU "
-          f"{PINNED_CPU}, load average {os.getloadavg()[0]:.1f}; Python {platform.python_version()}, "
+          f"{_pinning.PINNED_CPU}, load average {os.getloadavg()[0]:.1f}; Python {platform.python_version()}, "
           f"NumPy {np.__version__}")
     agreement, timings, skipped = [], [], []
     for model in models:

@@ -17,14 +17,18 @@ Run: python benchmarks/matmul_tiles.py [--model gpt] [--rounds 5]
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _pinning  # noqa: E402, F401  (first: one core is the measurement's, pinned before NumPy loads)
+
+# isort: split
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 from _timing import cpu_model, median_seconds, table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402
 

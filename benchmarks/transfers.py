@@ -37,7 +37,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pinning import PINNED_CPU, STARTING_CPUS  # noqa: E402  (first: it pins before NumPy loads)
+import _pinning  # noqa: E402, F401  (first: it pins before NumPy loads)
 
 # isort: split
 import argparse  # noqa: E402
@@ -52,9 +52,6 @@ import topos  # noqa: E402
 from topos.dialect.cache import CompileCache  # noqa: E402
 from topos.dialect.compiled import _staged_to_host  # noqa: E402
 from topos.dialect.targets import target as find_target  # noqa: E402
-
-if PINNED_CPU is None:  # --threads 2: undo the pinning benchmarks/compiled.py does when host_overhead imports it
-    os.sched_setaffinity(0, STARTING_CPUS)
 
 
 def median_us(call, calls: int) -> float:

@@ -28,27 +28,21 @@ from __future__ import annotations
 import os
 import sys
 
-DRIVER = "local-sync" if "local-sync" in sys.argv else "local-task"
-ALL_CPUS = os.sched_getaffinity(0)
-if DRIVER == "local-sync":
-    # Before NumPy loads: its thread pools are sized then.
-    PINNED_CPU = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {PINNED_CPU})
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if not any(argument.startswith("--driver") for argument in sys.argv):
+    sys.argv[1:1] = ["--driver", "local-task"]  # the default, spelled out for _pinning: IREE's workers get every CPU
+from _pinning import PINNED_CPU  # noqa: E402  (first: --driver local-sync pins before NumPy loads)
+
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
+    os.environ[_variable] = "1"  # on both drivers: IREE's workers are what is measured, not NumPy's
 
 import argparse  # noqa: E402
 
 import iree.runtime as rt  # noqa: E402
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import Runner, measure, module_runner  # noqa: E402
-
-if DRIVER == "local-task":
-    os.sched_setaffinity(0, ALL_CPUS)  # compiled.py pins the process to one CPU when it loads; local-task needs all
 
 from topos.dialect.compiled import (  # noqa: E402
     TRANSIENT_SIZE,

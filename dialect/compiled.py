@@ -1233,20 +1233,13 @@ class _Invoker:
 
         device = self._device
         assert self._staging is not None  # only a STAGED_DRIVERS invoker stages
-        try:
-            staging, mapping, host = self._staging[k].pop()
-        except IndexError:  # the first call, or every staging buffer of k is in a call on another thread
-            host = None
-        if host is None or host.size != array.nbytes:
-            staging = _pinned(device, array.nbytes, int(rt.BufferUsage.DEFAULT))
-            mapping = staging.map()  # kept, mapped: pinned memory allocated per call cost 1.3 ms on an H200
-            host = mapping.asarray((array.nbytes,), np.dtype(np.uint8))
-        host[...] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        staging = _kept_staging(self._staging[k], device, array.nbytes, int(rt.BufferUsage.DEFAULT))
+        staging.host[...] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         target = device.allocator.allocate_buffer(
             memory_type=int(rt.MemoryType.DEVICE_LOCAL),
             allowed_usage=int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.TRANSFER),
             allocation_size=array.nbytes)
-        staged.append((k, (staging, mapping, host), target))
+        staged.append((k, staging, target))
         return rt.HalBufferView(target, array.shape, element_type).ref
 
     def _copied(self, staged: list) -> None:
@@ -1257,9 +1250,9 @@ class _Invoker:
         may still be reading one.
         """
         assert self._staging is not None  # only a STAGED_DRIVERS invoker stages
-        _queue_copies(self._device, [(kept[0], target) for _, kept, target in staged])
-        for k, kept, _ in staged:
-            self._staging[k].append(kept)
+        _queue_copies(self._device, [(staging.buffer, target) for _, staging, target in staged])
+        for k, staging, _ in staged:
+            self._staging[k].append(staging)
 
 
 class _Results:
@@ -1367,31 +1360,47 @@ def _staged_to_host(array) -> np.ndarray:
     size = source.byte_length()
     keep = size <= _KEPT_STAGING_BYTES
     kept: list = _READ_STAGING.setdefault((id(device), size), []) if keep else []
-    try:
-        staging, mapped = kept.pop()
-    except IndexError:  # none kept for this size, or every one is in a read on another thread
-        staging, mapped = _pinned(device, size), None
-    try:
-        _queue_copies(device, [(source, staging)])
-        if mapped is None:  # mapped once the copy is done; a kept buffer stays mapped for its next reads
-            mapped = staging.map()
-        raw = rt.HalElementType.map_to_dtype(view.element_type)
-        result = np.array(mapped.asarray(tuple(view.shape), raw))  # a copy: the staging buffer is reused
-    finally:
-        if keep:
-            kept.append((staging, mapped))
+    staging = _kept_staging(kept, device, size)
+    _queue_copies(device, [(source, staging.buffer)])
+    raw = rt.HalElementType.map_to_dtype(view.element_type)
+    result = staging.host.view(raw).reshape(tuple(view.shape)).copy()  # a copy: the staging buffer is reused
+    if keep:  # not after a failed read: its copy may still be writing the buffer
+        kept.append(staging)
     return result.astype(array.dtype) if array.dtype != raw else result
 
 
-def _pinned(device, size: int, usage: int = 0):
-    """A buffer of ``size`` bytes in host memory the device reads and writes (pinned, on cuda), mappable,
-    a queue copy's source or target, and ``usage`` besides."""
+class _Staging(NamedTuple):
+    """A pinned staging buffer, mapped for as long as it is kept, and its bytes as a host array."""
+
+    buffer: object  # iree.runtime.HalBuffer
+    mapping: object  # iree.runtime.MappedMemory: held, so that ``host`` stays mapped
+    host: np.ndarray  # uint8, ``buffer``'s every byte
+
+
+def _kept_staging(kept: list, device, size: int, usage: int = 0) -> _Staging:
+    """A staging buffer of ``size`` bytes taken from ``kept``, or a new one if it has none of that size.
+
+    ``kept`` is a pool of one argument's or one result size's buffers; the
+    caller appends the buffer back once no copy uses it. ``list.pop`` is
+    atomic, so two threads never take the same one. Buffers stay mapped:
+    pinned memory allocated per call cost 1.3 ms on an H200.
+    """
     import iree.runtime as rt
 
-    return device.allocator.allocate_buffer(
-        memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
-        allowed_usage=usage | int(rt.BufferUsage.TRANSFER) | int(rt.BufferUsage.MAPPING),
-        allocation_size=size)
+    try:
+        staging = kept.pop()
+    except IndexError:  # the first use, or every kept buffer is in a call or read on another thread
+        staging = None
+    if staging is None or staging.host.size != size:  # an argument fed an array of another size drops its old one
+        # Host memory the device reads and writes (pinned, on cuda). IREE's HOST_LOCAL is coherent, so
+        # a mapping made once sees every later copy's bytes without an invalidation.
+        buffer = device.allocator.allocate_buffer(
+            memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+            allowed_usage=usage | int(rt.BufferUsage.TRANSFER) | int(rt.BufferUsage.MAPPING),
+            allocation_size=size)
+        mapping = buffer.map()
+        staging = _Staging(buffer, mapping, mapping.asarray((size,), np.dtype(np.uint8)))
+    return staging
 
 
 def _queue_copies(device, pairs: list) -> None:

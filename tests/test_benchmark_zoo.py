@@ -134,3 +134,27 @@ def test_the_front_ends_benchmark_runs_both_texts_and_they_agree():
     row = next(line for line in done.stdout.splitlines() if line.startswith("| MLP 784-128-10") and "x |" in line)
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert float(cells[1]) > 0 and float(cells[2]) > 0 and float(cells[4]) < 1e-5, row
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="pinning is invisible on one CPU")
+def test_only_a_benchmark_run_as_the_script_pins_the_process():
+    """Importing compiled.py once pinned whoever imported it: a GPU run's step doubled, and pytest ran on one core."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    program = ("import os, sys; sys.path.insert(0, 'benchmarks'); before = os.sched_getaffinity(0)\n"
+               "import compiled, makemore_twins, front_ends, _pinning\n"
+               "assert os.sched_getaffinity(0) == before, (before, os.sched_getaffinity(0))\n"
+               "assert _pinning.THREADS == 2 and _pinning.PINNED_CPU is None and not _pinning.APPLIED\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def setting(*options: str) -> str:
+        return subprocess.run([sys.executable, str(root / "benchmarks" / "_pinning.py"), *options],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+
+    pinned = setting()
+    assert pinned.startswith("threads 1, pinned to CPU ") and "," not in pinned.split("CPUs")[1], pinned  # one CPU
+    for options in (["--threads", "2"], ["--threads=2"], ["--all-threads"], ["--driver", "local-task"]):
+        assert setting(*options).startswith("threads 2, pinned to CPU None, applied True"), options
+    assert setting("--driver=local-sync").startswith("threads 1, pinned to CPU ")

@@ -199,6 +199,6 @@ def test_gpu_check_prepares_here_and_runs_from_the_cache_without_the_compiler(tm
     priced = _run([transfers, "--target", "llvm-cpu", "--cache", cache, "--models", "mlp-s,lenet", "--calls", "5",
                    "--threads", "2"], without_compiler=True)
     assert "| step: compiled.step, the loss read" in priced and "| loss out, staged" in priced, priced
-    # --threads 2 undoes the pinning benchmarks/compiled.py does on import (as gpu_run.sh runs it).
+    # --threads 2 leaves it unpinned, its imports too (as gpu_run.sh runs it).
     assert "unpinned (" in priced or len(os.sched_getaffinity(0)) == 1, priced
     assert "lenet: skipped:" in priced, priced  # not prepared, and no compiler to make it: said, not raised
