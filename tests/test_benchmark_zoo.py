@@ -158,3 +158,24 @@ def test_only_a_benchmark_run_as_the_script_pins_the_process():
     for options in (["--threads", "2"], ["--threads=2"], ["--all-threads"], ["--driver", "local-task"]):
         assert setting(*options).startswith("threads 2, pinned to CPU None, applied True"), options
     assert setting("--driver=local-sync").startswith("threads 1, pinned to CPU ")
+
+
+def test_versus_jax_without_jax_prints_its_column_absent_with_the_reason(tmp_path):
+    """The issue's bad input: a missing peer is a column marked absent and a sentence why, not a traceback."""
+    pytest.importorskip("iree.compiler")
+    import os
+    import subprocess
+
+    blocked = tmp_path / "jax"
+    blocked.mkdir()
+    (blocked / "__init__.py").write_text('raise ImportError("blocked by the test")\n')
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "versus_jax.py"), "--models", "mlp-s",
+                           "--rounds", "1"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.startswith("jax.jit column absent: jax is not importable (blocked by the test)"), out[:500]
+    row = next(line for line in out.splitlines() if line.startswith("| MLP 784-128-10"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and cells[2:] == ["absent", "—", "—"], row
