@@ -8,7 +8,10 @@ by default; ``--threads 2``, ``--all-threads`` (the older spelling of
 workers, ``transients.py``) leaves both alone. The script's command
 line decides, once per process, so a benchmark another imports for its
 helpers (``host_overhead.py`` under ``transfers.py --threads 2``) shares
-the script's setting.
+the script's setting. A module that scripts import without importing
+this first (``makemore_twins.py`` through ``_zoo.py``, which
+``gpu_check.py`` uses; ``compiled.py``'s runners) imports it only when
+run itself, so it never pins a script that chose not to be pinned.
 
 Imported anywhere else (by a test, an example, a Python session) it
 changes nothing and describes the process as it is: ``PINNED_CPU`` is

@@ -45,9 +45,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _pinning  # noqa: E402  (first: its thread setting applies before NumPy, PyTorch or JAX load)
+if __name__ == "__main__":  # imported for its runners, the importing script's own setting stands
+    import _pinning  # first: its thread setting applies before NumPy, PyTorch or JAX load
 
-# isort: split
 import argparse
 import platform
 import tempfile

@@ -39,9 +39,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _pinning  # noqa: E402  (first: run as the benchmark it pins before NumPy or JAX load; imported, it pins nothing)
-
-# isort: split
+if __name__ == "__main__":  # run as the benchmark: one core; imported (by _zoo.py), the script's setting stands
+    import _pinning  # first: it pins before NumPy or JAX load
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402

@@ -148,6 +148,14 @@ def test_only_a_benchmark_run_as_the_script_pins_the_process():
                "assert _pinning.THREADS == 2 and _pinning.PINNED_CPU is None and not _pinning.APPLIED\n")
     done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    # A script that never imports _pinning (gpu_check.py runs unpinned beside jax on the GPU) stays so
+    # through the helpers it imports: the zoo (and with it makemore_twins.py) and compiled.py's runners.
+    program = ("import os, sys; sys.argv[0] = os.path.abspath('benchmarks/gpu_check.py')\n"
+               "sys.path.insert(0, 'benchmarks'); before = os.sched_getaffinity(0)\n"
+               "import _zoo, compiled, makemore_twins  # _zoo.build imports the twins for makemore models\n"
+               "assert os.sched_getaffinity(0) == before, (before, os.sched_getaffinity(0))\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
     def setting(*options: str) -> str:
         return subprocess.run([sys.executable, str(root / "benchmarks" / "_pinning.py"), *options],
