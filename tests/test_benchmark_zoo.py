@@ -142,20 +142,21 @@ def test_only_a_benchmark_run_as_the_script_pins_the_process():
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    program = ("import os, sys; sys.path.insert(0, 'benchmarks'); before = os.sched_getaffinity(0)\n"
-               "import compiled, makemore_twins, front_ends, _pinning\n"
-               "assert os.sched_getaffinity(0) == before, (before, os.sched_getaffinity(0))\n"
-               "assert _pinning.THREADS == 2 and _pinning.PINNED_CPU is None and not _pinning.APPLIED\n")
-    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    # A script that never imports _pinning (gpu_check.py runs unpinned beside jax on the GPU) stays so
-    # through the helpers it imports: the zoo (and with it makemore_twins.py) and compiled.py's runners.
-    program = ("import os, sys; sys.argv[0] = os.path.abspath('benchmarks/gpu_check.py')\n"
-               "sys.path.insert(0, 'benchmarks'); before = os.sched_getaffinity(0)\n"
-               "import _zoo, compiled, makemore_twins  # _zoo.build imports the twins for makemore models\n"
-               "assert os.sched_getaffinity(0) == before, (before, os.sched_getaffinity(0))\n")
-    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+
+    def cpus_kept(script: str, imports: str, check: str = "") -> None:
+        """Import ``imports`` in a fresh Python whose script is ``script``; the process keeps every CPU."""
+        program = (f"import os, sys; sys.argv[0] = {script!r}; sys.path.insert(0, 'benchmarks')\n"
+                   f"before = os.sched_getaffinity(0)\nimport {imports}\n"
+                   f"assert os.sched_getaffinity(0) == before, (before, os.sched_getaffinity(0))\n{check}")
+        done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    # Not a benchmark script (a test, a session): nothing pins, and _pinning describes the process.
+    cpus_kept("-c", "compiled, makemore_twins, front_ends, _pinning",
+              "assert _pinning.THREADS == 2 and _pinning.PINNED_CPU is None and not _pinning.APPLIED\n")
+    # A script that never imports _pinning (gpu_check.py runs unpinned beside jax on the GPU) stays so through
+    # the helpers it imports: the zoo, the makemore twins its build() imports, compiled.py's runners.
+    cpus_kept(str(root / "benchmarks" / "gpu_check.py"), "_zoo, compiled, makemore_twins")
 
     def setting(*options: str) -> str:
         return subprocess.run([sys.executable, str(root / "benchmarks" / "_pinning.py"), *options],
