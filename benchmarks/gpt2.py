@@ -120,8 +120,8 @@ def main() -> None:
     if PINNED_CPU is not None:
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-    threads = "all threads" if PINNED_CPU is None else (f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; "
-                                                 "torch.set_num_threads(1)")
+    threads = ("all threads" if PINNED_CPU is None else
+               f"pinned to CPU {PINNED_CPU}; OPENBLAS/OMP/MKL_NUM_THREADS=1; torch.set_num_threads(1)")
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}; {threads}")
     print(f"versions: {versions()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -1130,6 +1130,7 @@ class _Invoker:
         self._allocate = device.allocator.allocate_buffer_copy
         self._memory = int(rt.MemoryType.DEVICE_LOCAL)
         self._usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
+        self._copied_usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.TRANSFER)  # a staged feed's device buffer
         self._list, self._ref = rt.VmVariantList, rt.VmRef
         self._element_type = rt.array_interop.map_dtype_to_element_type
         # A target that narrows selections takes them as int32 (topos.dialect.narrow).
@@ -1235,10 +1236,8 @@ class _Invoker:
         assert self._staging is not None  # only a STAGED_DRIVERS invoker stages
         staging = _kept_staging(self._staging[k], device, array.nbytes, int(rt.BufferUsage.DEFAULT))
         staging.host[...] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        target = device.allocator.allocate_buffer(
-            memory_type=int(rt.MemoryType.DEVICE_LOCAL),
-            allowed_usage=int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.TRANSFER),
-            allocation_size=array.nbytes)
+        target = device.allocator.allocate_buffer(memory_type=self._memory, allowed_usage=self._copied_usage,
+                                                  allocation_size=array.nbytes)
         staged.append((k, staging, target))
         return rt.HalBufferView(target, array.shape, element_type).ref
 
