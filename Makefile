@@ -22,7 +22,7 @@ test: install
 	$(PY) -m pytest -q -n auto --dist loadfile
 
 lint: install
-	$(VENV)/bin/ruff check topos dialect
+	$(VENV)/bin/ruff check topos dialect benchmarks examples tests
 	$(VENV)/bin/mypy topos dialect
 
 clean:

@@ -222,7 +222,8 @@ def gpt(config: GptConfig = GptConfig(), seed: int = 0) -> Workload:
         for layer in range(config.layers):
             p = f"h{layer}."
             x = x + _attention(F.layer_norm(x, w[p + "ln1.gain"], w[p + "ln1.bias"], EPS), w, p, mask, config)
-            hidden = _linear(F.layer_norm(x, w[p + "ln2.gain"], w[p + "ln2.bias"], EPS), w[p + "mlp.w_in"], w[p + "mlp.b_in"])
+            normed = F.layer_norm(x, w[p + "ln2.gain"], w[p + "ln2.bias"], EPS)
+            hidden = _linear(normed, w[p + "mlp.w_in"], w[p + "mlp.b_in"])
             x = x + _linear(hidden.gelu(), w[p + "mlp.w_out"], w[p + "mlp.b_out"])
         x = F.layer_norm(x, w["ln_f.gain"], w["ln_f.bias"], EPS)
         logits = x @ w["token_embedding"].permute((1, 0))  # tied: [b*t, d] @ [d, v]

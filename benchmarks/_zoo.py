@@ -254,6 +254,7 @@ def _lenet_twin(model: Model) -> Twin:
     """The example's LeNet in JAX: NCHW convolutions with OIHW kernels, 2x2 max-pools, flatten, linear."""
     import jax
     import jax.numpy as jnp
+
     from _peers import memory_analysis
 
     table = model.parameters

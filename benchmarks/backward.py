@@ -26,11 +26,12 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _timing import median_seconds  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
 from topos.gradcheck import TOLERANCES, check_gradients  # noqa: E402
+
+from _timing import median_seconds  # noqa: E402
 
 BATCH, FEATURES, HIDDEN, CLASSES = 64, 784, 128, 10
 

@@ -56,12 +56,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
-from _peers import available
-from _timing import Timing, chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
 
 from topos import Numerics
 from topos.dialect.targets import DATA_TILING_FLAGS
+
+from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
+from _peers import available
+from _timing import Timing, chosen_models, cpu_model, interleaved, relative_difference, table, versions  # noqa: E402
 
 MODELS = {"mlp-s": mlp_s, "mlp-m": mlp_m, "gpt": small_gpt}
 COLUMNS = ("topos IREE", "jax.jit", "PyTorch", "oracle", "FAST plan")

@@ -62,10 +62,10 @@ def models() -> dict:
 
 def variants(network, roots, parameters, feeds) -> dict:
     """label -> a Runner of that module on its arguments, for one model."""
-    from compiled import standalone_module
-
     from topos.dialect.plan_passes import RAISABLE
     from topos.dialect.targets import IMG2COL_FLAGS
+
+    from compiled import standalone_module
 
     composed = [k for k in RAISABLE if not k.startswith("convolution")]
     runners = {}

@@ -30,12 +30,12 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
+from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
+from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402
+
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import measure, module_runner  # noqa: E402
-
-from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
-from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402
 
 VARIANTS = {
     "untiled": (),

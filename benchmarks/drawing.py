@@ -25,12 +25,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _gpt import small_gpt  # noqa: E402
-from _timing import median_seconds, table  # noqa: E402
-
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
 from topos.drawing import graphviz_available  # noqa: E402
+
+from _gpt import small_gpt  # noqa: E402
+from _timing import median_seconds, table  # noqa: E402
 
 
 def walkthrough():

@@ -29,9 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "dialect"))
 
-import graphs  # noqa: E402  (the graphs the dialect tests use)
 from topos.dialect import emit_module, parse_spec, run_pipeline  # noqa: E402
 from topos.dialect.parse import parse_module  # noqa: E402
+
+import graphs  # noqa: E402  (the graphs the dialect tests use)
 
 # Each step takes the state so far (a dict) and returns what it adds.
 Step = tuple[str, Callable[[dict], dict]]

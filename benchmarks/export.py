@@ -20,10 +20,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
-from _timing import table  # noqa: E402
-from drawing import makemore_mlp, walkthrough  # noqa: E402
 
 import topos  # noqa: E402
+
+from _timing import table  # noqa: E402
+from drawing import makemore_mlp, walkthrough  # noqa: E402
 
 TARGETS = {"llvm-cpu": "local-task", "cuda": "cuda", "vulkan-spirv": "vulkan", "metal-spirv": "metal",
            "rocm": "hip"}

@@ -33,10 +33,11 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _timing import interleaved, median_seconds, table  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
+
+from _timing import interleaved, median_seconds, table  # noqa: E402
 
 
 def _by_module(sizes, batch):

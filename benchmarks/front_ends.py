@@ -51,12 +51,13 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _timing import chosen_models, load_average, print_preamble, relative_difference, table  # noqa: E402
-from _zoo import MODELS, jax_step, models_that_fit  # noqa: E402
-from profile_dispatches import _UNITS, input_flags, tool  # noqa: E402
 
 from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
 from topos.dialect.targets import target  # noqa: E402
+
+from _timing import chosen_models, load_average, print_preamble, relative_difference, table  # noqa: E402
+from _zoo import MODELS, jax_step, models_that_fit  # noqa: E402
+from profile_dispatches import _UNITS, input_flags, tool  # noqa: E402
 
 _ARGUMENT = re.compile(r"%arg\d+: ")
 

@@ -68,14 +68,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE.parent / "examples" / "gpt2"))
 
+import topos  # noqa: E402
+from topos import Updates  # noqa: E402
+
 import hf_gpt2  # noqa: E402
 from _gpt2_twins import jax_twin, torch_twin  # noqa: E402
 from _timing import cpu_model, interleaved, table, versions  # noqa: E402
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder  # noqa: E402
-
-import topos  # noqa: E402
-from topos import Updates  # noqa: E402
 
 NOTHING = Updates(())
 

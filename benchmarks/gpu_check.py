@@ -57,14 +57,14 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _timing import chosen_models, interleaved, median_seconds, relative_difference, table  # noqa: E402
-
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
 from topos.dialect import conformance_cases  # noqa: E402
 from topos.dialect.cache import CompileCache  # noqa: E402
 from topos.dialect.targets import compiler_missing, require_compiler  # noqa: E402
 from topos.dialect.targets import target as find_target  # noqa: E402
+
+from _timing import chosen_models, interleaved, median_seconds, relative_difference, table  # noqa: E402
 
 DTYPES = {"f32": topos.float32, "f64": topos.float64, "bf16": topos.bfloat16}
 

@@ -58,7 +58,6 @@ MAKEMORE = HERE.parent / "examples" / "makemore"
 sys.path.insert(0, str(HERE))
 from _timing import interleaved, table  # noqa: E402
 
-
 # The examples' own options at the sizes tests/test_examples_makemore.py trains them (--tiny): the
 # same recordings, so the smoke test's compiles come from the cache that test filled.
 TINY = {"mlp": ["--hidden", "16"],

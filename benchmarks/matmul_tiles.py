@@ -63,10 +63,10 @@ VARIANTS = ("same as IREE:64,64:8,8:8", "4x16:64,64:4,16:8", "8x16:64,64:8,16:8"
 
 
 def main() -> None:
-    from compiled import module_runner
-
     from topos.dialect.compiled import compile_stablehlo
     from topos.dialect.targets import DATA_TILING_FLAGS
+
+    from compiled import module_runner
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt", choices=MODELS)

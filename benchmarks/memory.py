@@ -39,9 +39,10 @@ SOURCES = ("parameter", "input")
 def measure(key: str) -> dict:
     """Run in the child: one model's three figures, as JSON-able numbers."""
     import numpy as np
-    from _zoo import build, jax_step
 
     from topos.plan.plan import spec_bytes  # the plan's own byte count (a selection's indices are int64)
+
+    from _zoo import build, jax_step
 
     model = build(key)
     network = model.network

@@ -13,8 +13,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from _timing import median_seconds  # noqa: E402
 from topos import Tape  # noqa: E402
+
+from _timing import median_seconds  # noqa: E402
 
 
 def mlp(batch=64, sizes=(784, 128, 10), seed=0):

@@ -36,11 +36,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import table  # noqa: E402
-from _zoo import MODELS, build  # noqa: E402
-
 from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
 from topos.dialect.targets import target  # noqa: E402
+
+from _timing import table  # noqa: E402
+from _zoo import MODELS, build  # noqa: E402
 
 _UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 _LINE = re.compile(r"host_execute ((?:main_dispatch_\d+|_encoding_\d+)_(\S+))\s+count=(\d+) total=([\d.]+) (\w+)")

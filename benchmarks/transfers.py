@@ -43,15 +43,16 @@ import _pinning  # noqa: E402, F401  (first: it pins before NumPy loads)
 import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _timing import chosen_models, median_seconds, table  # noqa: E402
-from _zoo import MODELS, build  # noqa: E402
-from gpu_check import device_problem  # noqa: E402
-from host_overhead import device_arguments, module_floor  # noqa: E402
 
 import topos  # noqa: E402
 from topos.dialect.cache import CompileCache  # noqa: E402
 from topos.dialect.compiled import _staged_to_host  # noqa: E402
 from topos.dialect.targets import target as find_target  # noqa: E402
+
+from _timing import chosen_models, median_seconds, table  # noqa: E402
+from _zoo import MODELS, build  # noqa: E402
+from gpu_check import device_problem  # noqa: E402
+from host_overhead import device_arguments, module_floor  # noqa: E402
 
 
 def median_us(call, calls: int) -> float:

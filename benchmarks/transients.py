@@ -40,9 +40,6 @@ import argparse  # noqa: E402
 
 import iree.runtime as rt  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
-from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
-from compiled import Runner, measure, module_runner  # noqa: E402
 
 from topos.dialect.compiled import (  # noqa: E402
     TRANSIENT_SIZE,
@@ -52,6 +49,10 @@ from topos.dialect.compiled import (  # noqa: E402
     with_transient_storage,
 )
 from topos.dialect.targets import DATA_TILING_FLAGS  # noqa: E402
+
+from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
+from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
+from compiled import Runner, measure, module_runner  # noqa: E402
 
 VARIANTS = ("IREE's allocation", "transient storage")
 

@@ -56,10 +56,11 @@ import time  # noqa: E402
 # Loaded before anything is timed, as jax is: a cache hit checks its module with the runtime, whose
 # first import in a process costs 20 ms warm and up to about 100 ms from a cold disk.
 import iree.runtime  # noqa: E402, F401
-from _timing import chosen_models, interleaved, load_average, print_preamble, relative_difference, table  # noqa: E402
-from _zoo import MODELS, PER_ROUND, build, jax_step, too_large, topos_step  # noqa: E402
 
 from topos.dialect.cache import CompileCache  # noqa: E402
+
+from _timing import chosen_models, interleaved, load_average, print_preamble, relative_difference, table  # noqa: E402
+from _zoo import MODELS, PER_ROUND, build, jax_step, too_large, topos_step  # noqa: E402
 
 
 def topos_column(model, driver: str, frozen: bool = False):
@@ -151,7 +152,8 @@ def main() -> None:
 
     print(f"\nstep, median {clock_name} ms ({args.rounds} interleaved rounds); ratio = jax.jit / topos "
           "(above 1: topos is faster); agreement = worst scale-relative difference of the first two steps' "
-          "read-back values" + ("; CPU / wall: how many threads were at work on average" if THREADS == 2 else "") + "\n")
+          "read-back values"
+          + ("; CPU / wall: how many threads were at work on average" if THREADS == 2 else "") + "\n")
     busy_columns = ["topos CPU / wall", "jax CPU / wall"] if THREADS == 2 else []
     print(table(["model", "topos IREE", "jax.jit", "ratio", "agreement", *busy_columns], rows))
     print("\ncompile: topos first compile into an empty cache (of which iree-compile), the cache hit, jax.jit's "

@@ -76,10 +76,11 @@ def main(argv=None) -> None:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
-    from mlp import learning_rate, recorder
-    from series import windows
 
     from topos.interop.jax import grade, to_jax
+
+    from mlp import learning_rate, recorder
+    from series import windows
 
     if len(jax.devices()) < max(counts):
         raise SystemExit(f"error: jax sees {len(jax.devices())} devices, {max(counts)} needed")

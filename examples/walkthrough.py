@@ -77,7 +77,7 @@ banner("gradients: backward scan == recorded nodes")
 scanned = run.backward(loss)[w]
 recorded = run[adjoints[w]]
 print("backward scan   :", scanned.tolist())
-print("recorded (%d)   :" % adjoints[w].index, recorded.tolist())
+print(f"recorded ({adjoints[w].index})   :", recorded.tolist())
 assert np.array_equal(scanned.view(np.uint32), recorded.view(np.uint32))
 
 # 4. Train a few steps by hand with each route; the states stay bit-identical.
@@ -130,7 +130,8 @@ banner("IREE (llvm-cpu)")
 compiled = plan.compile("llvm-cpu")
 print(compiled.describe())
 fast = compiled.forward(parameters, {x: sample})
-assert np.allclose(fast[loss], oracle[loss], rtol=1e-5) and np.allclose(fast[adjoints[w]], oracle[adjoints[w]], rtol=1e-5)
+assert np.allclose(fast[loss], oracle[loss], rtol=1e-5)
+assert np.allclose(fast[adjoints[w]], oracle[adjoints[w]], rtol=1e-5)
 print("compiled plan agrees with the oracle:", float(fast[loss]), "vs", float(oracle[loss]))
 # bisect grades every node of the compiled plan against the reference kernel on its compiled inputs.
 report = topos.bisect(plan.entry, parameters, {x: sample})
@@ -141,7 +142,7 @@ step_plan = network.entry(updates.roots(loss)).lower()
 drawn("fuse", topos.draw(step_plan, adjoints=adjoints, updates=updates))
 trainer = step_plan.compile("llvm-cpu")
 state = trainer.resident(parameters)  # parameters stay on the device between steps
-for step in range(5):
+for _ in range(5):
     state, step_run = trainer.step(state, {x: sample}, updates)
 on_device = state.to_host()[w]
 assert np.allclose(on_device, by_scan[w], rtol=1e-5, atol=1e-6)

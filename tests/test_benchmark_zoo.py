@@ -78,10 +78,10 @@ def test_the_dispatch_profile_serves_a_frozen_artifact_its_parameter_archive(tmp
 def test_the_matmul_tile_spec_applies_and_keeps_the_product(tmp_path):
     """benchmarks/matmul_tiles.py's tuning spec sets its tiles on the dispatch, and the module still multiplies."""
     pytest.importorskip("iree.runtime")
-    import matmul_tiles
-
     from topos import Tape
     from topos.dialect.compiled import compile_stablehlo
+
+    import matmul_tiles
 
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 48)).astype(np.float32)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -97,7 +97,8 @@ COMPOSITES = (
         ("reshape shape=[2, 3, 1]",), EXACT,
     ),
     Composite(
-        "unsqueeze-scalar", ((),), lambda x: x.unsqueeze(0), lambda x: np.expand_dims(x, 0), ("reshape shape=[1]",), EXACT,
+        "unsqueeze-scalar", ((),), lambda x: x.unsqueeze(0), lambda x: np.expand_dims(x, 0),
+        ("reshape shape=[1]",), EXACT,
     ),
     Composite(
         "broadcast_to-leading", ((3,),), lambda x: x.broadcast_to((2, 3)), lambda x: np.broadcast_to(x, (2, 3)),

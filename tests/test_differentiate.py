@@ -19,8 +19,8 @@ odd or even multiples chosen so that no element sits on a kink.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _plate import PLATE_FILE, W, X, long_chain, plate
 
 import topos
 import topos.drawing
 from topos import Numerics, Tape, nn
 from topos import display as display_module
 from topos.drawing import graphviz_available
+
+from _plate import PLATE_FILE, W, X, long_chain, plate
 
 ROOT = Path(__file__).resolve().parents[1]
 ODD = '<b>&"'  # a name the validator allows (no whitespace, no leading %) that HTML must escape

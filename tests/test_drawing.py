@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _plate import long_chain, plate
 
 import topos
 from topos import DrawingError, Numerics, Tape
 from topos.drawing import MAX_NODES, SHADES, save_stage, shades
+
+from _plate import long_chain, plate
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,

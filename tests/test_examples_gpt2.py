@@ -25,14 +25,14 @@ FOLDER = ROOT / "examples" / "gpt2"
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(FOLDER))
 
+import topos  # noqa: E402
+from topos import CheckpointError, init  # noqa: E402
+
 import bpe  # noqa: E402
 import hf_gpt2  # noqa: E402
 import sampling  # noqa: E402
 from _training import ExampleError  # noqa: E402
 from gpt2 import Config, record_generation  # noqa: E402
-
-import topos  # noqa: E402
-from topos import CheckpointError, init  # noqa: E402
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")

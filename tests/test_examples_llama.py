@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "gpt2"))
 sys.path.insert(0, str(FOLDER))
 
+from topos import CheckpointError  # noqa: E402
+
 import hf_llama  # noqa: E402
 import sampling  # noqa: E402
 from _training import ExampleError  # noqa: E402
 from llama import Config, record_generation, rotary_tables  # noqa: E402
-
-from topos import CheckpointError  # noqa: E402
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")

@@ -37,10 +37,10 @@ def load_example(name: str):
 
 
 EXAMPLES = {name: load_example(name) for name in ("bigram", "mlp", "batchnorm", "wavenet", "transformer")}
+import topos  # noqa: E402
+
 from _training import ExampleError, Trainer  # noqa: E402  (examples/ is on sys.path now)
 from names import contexts, load  # noqa: E402
-
-import topos  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_differentiate import CASES, DTYPES, assert_bitwise, grid, record_case, short
 
 import topos
 from topos import Tape
+
+from test_differentiate import CASES, DTYPES, assert_bitwise, grid, record_case, short
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,12 +29,13 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import EPSILON
-from test_differentiate import CASES, DTYPES, assert_bitwise, grid, record_case, short
 
 import topos
 from topos import DifferentiationError, Tape
 from topos.forward_mode import MAP_TANGENTS, TANGENT_RULES, Dual, Tangents, jvp
+
+from conftest import EPSILON
+from test_differentiate import CASES, DTYPES, assert_bitwise, grid, record_case, short
 
 TRANSPOSE_EPSILONS = 4
 """|<J v, u> - <v, J^T u>| over the sum of both sides' term magnitudes, in epsilons of the element type."""

@@ -50,6 +50,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.control import event as _hypothesis_event
+
+import topos
+from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape
+from topos.element import is_element
+
 from _fuzz_graphs import (
     DTYPES,
     Graph,
@@ -64,14 +73,6 @@ from _fuzz_graphs import (
     record_together,
     to_python,
 )
-from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
-from hypothesis.control import event as _hypothesis_event
-
-import topos
-from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape
-from topos.element import is_element
 
 # Unset: derandomized, the same graphs every run. A number: another set of graphs, fixed by it.
 EXPLORATION_SEED = os.environ.get("TOPOS_FUZZ_SEED", "").strip() or None

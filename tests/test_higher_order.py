@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+import topos
+from topos import Tape
+from topos.gradcheck import check_gradients
+
 from test_differentiate import (
     CASES,
     DTYPES,
@@ -22,10 +27,6 @@ from test_differentiate import (
     record_case,
     short,
 )
-
-import topos
-from topos import Tape
-from topos.gradcheck import check_gradients
 
 SECOND_ORDER_TOLERANCE = 1e-9  # measured worst over the table: about 1e-11
 

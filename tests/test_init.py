@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _cpu_features as cpu_features
 import ml_dtypes
 import numpy as np
 import pytest
@@ -20,6 +19,8 @@ import pytest
 from topos import init, refmath
 from topos.errors import ShapeError
 from topos.init import Generator
+
+import _cpu_features as cpu_features
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -188,8 +189,10 @@ def test_draw_digests_do_not_change_with_numpy_simd_disabled():
 
 def test_module_uses_no_numpy_random_or_transcendentals_and_imports_no_mlir():
     tree = ast.parse(Path(init.__file__).read_text())
-    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "np"}
-    forbidden = {"random", "log", "log1p", "log2", "exp", "exp2", "expm1", "sin", "cos", "tan", "tanh", "power", "hypot"}
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "np"}
+    forbidden = {"random", "log", "log1p", "log2", "exp", "exp2", "expm1", "sin", "cos", "tan", "tanh", "power",
+                 "hypot"}
     assert not used & forbidden
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

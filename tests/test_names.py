@@ -66,7 +66,8 @@ def test_two_sources_with_one_name_are_refused_when_sealing_with_both_lines():
         tape.parameter(np.ones(2, F32), name="weight")
         tape.parameter(np.ones(3, F32), name="weight")
 
-    with pytest.raises(SymbolError, match=r"named 'weight': %0 \(recorded at .*test_names.py:\d+.*\) and %1.*parent Module"):
+    both = r"named 'weight': %0 \(recorded at .*test_names.py:\d+.*\) and %1.*parent Module"
+    with pytest.raises(SymbolError, match=both):
         Tape.record(record)
 
 

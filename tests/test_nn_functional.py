@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ELEMENT_IDS, ELEMENTS, assert_close, generator
 
 import topos
 from topos import Tape
 from topos.gradcheck import check_gradients
 from topos.nn import batch_norm, batch_norm_inference, conv2d, max_pool
+
+from conftest import ELEMENT_IDS, ELEMENTS, assert_close, generator
 
 # ---- independent references ---------------------------------------------------------------
 

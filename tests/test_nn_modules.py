@@ -45,7 +45,8 @@ class TorchBlock(torch.nn.Module):
         self.ln_1 = torch.nn.LayerNorm(width)
         self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
         self.ln_2 = torch.nn.LayerNorm(width)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
 
 
 class TorchGpt(torch.nn.Module):
@@ -196,7 +197,8 @@ def test_two_outermost_modules_with_one_name_are_refused_with_the_fix():
 
 
 def test_a_module_built_outside_a_recording_names_the_line_and_the_fix():
-    with pytest.raises(RecordingError, match=r"test_nn_modules.py:\d+.*Linear is built during a recording.*Tape.record"):
+    during = r"test_nn_modules.py:\d+.*Linear is built during a recording.*Tape.record"
+    with pytest.raises(RecordingError, match=during):
         nn.Linear(3, 4)
 
 
@@ -212,7 +214,8 @@ def test_a_wrong_feature_size_names_the_module_path_the_shapes_and_the_line():
         model = nn.Mlp([5, 4, 3])
         model(tape.input(np.ones((2, 6), F32)))
 
-    with pytest.raises(ShapeError, match=r"test_nn_modules.py:\d+.*0 \(Linear\(5, 4.*expects 5 features.*\[2, 6\] has 6"):
+    mismatch = r"test_nn_modules.py:\d+.*0 \(Linear\(5, 4.*expects 5 features.*\[2, 6\] has 6"
+    with pytest.raises(ShapeError, match=mismatch):
         Tape.record(record)
 
 

@@ -91,7 +91,8 @@ def _facade_layer_norm(t):
 def _hand_layer_norm(t):
     x, w, b = _x(t), t.parameter(np.ones(6, F32)), t.parameter(np.zeros(6, F32))
     centered = x - _last_mean(x)
-    return centered / (_last_mean(centered * centered) + 1e-5).sqrt() * w.broadcast_along(0, 4) + b.broadcast_along(0, 4)
+    scale = (_last_mean(centered * centered) + 1e-5).sqrt()
+    return centered / scale * w.broadcast_along(0, 4) + b.broadcast_along(0, 4)
 
 
 def _facade_rms_norm(t):

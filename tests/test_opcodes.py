@@ -12,8 +12,8 @@ has no row.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mpmath
 import numpy as np

@@ -225,7 +225,7 @@ def test_optimizer_state_is_read_only_and_not_shared():
 
 def test_a_learning_rate_input_exists_only_after_record():
     with pytest.raises(SymbolError, match="record"):
-        optim.SGD(lr=0.1).learning_rate
+        _ = optim.SGD(lr=0.1).learning_rate
 
 
 def test_two_element_types_get_a_rate_and_a_count_each():

@@ -2,10 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
 import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +22,7 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 
 def test_import_topos_loads_no_mlir_or_iree():
-    code = "import sys, topos, topos.nn; print(sorted(m for m in sys.modules if m.startswith(('iree', 'topos.dialect', 'jax'))))"
+    code = ("import sys, topos, topos.nn; "
+            "print(sorted(m for m in sys.modules if m.startswith(('iree', 'topos.dialect', 'jax'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -13,12 +13,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import ELEMENT_IDS, ELEMENTS, generator
-from test_numerics_fast import check_node
 
 from topos import Numerics, Tape
 from topos.nn import batch_norm, batch_norm_inference, conv2d, max_pool
 from topos.plan import CATALOG
+
+from conftest import ELEMENT_IDS, ELEMENTS, generator
+from test_numerics_fast import check_node
 
 # ---- helpers -------------------------------------------------------------------------------
 

@@ -23,14 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ELEMENT_IDS, ELEMENTS, EPSILON, generator
-from test_patterns import assert_bitwise, hand_conv, of_kind
 
 from topos import Numerics, Tape
 from topos.nn import conv2d, max_pool
 from topos.plan import elect
 from topos.plan.patterns import pattern
 from topos.plan.plan import Kernels
+
+from conftest import ELEMENT_IDS, ELEMENTS, EPSILON, generator
+from test_patterns import assert_bitwise, hand_conv, of_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

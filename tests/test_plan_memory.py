@@ -93,7 +93,8 @@ def kernel_footprint(network, run_values) -> int:
             continue
         seen.add(key)
         operands = [run_values[o] for o in node.operands]
-        footprint, _ = traced_peak(lambda: node.opcode.kernel(*operands, **dict(node.attributes)))
+        kernel, attributes = node.opcode.kernel, dict(node.attributes)
+        footprint, _ = traced_peak(lambda: kernel(*operands, **attributes))  # noqa: B023  (called here, at once)
         largest = max(largest, footprint)
     return largest
 

@@ -1,4 +1,7 @@
-"""The README and the guides run as written (README, facades, recording): each one's python blocks, in order, in one namespace."""
+"""The README and the guides run as written (README, facades, recording).
+
+Each one's python blocks run in order, in one namespace.
+"""
 
 import re
 from pathlib import Path

@@ -20,10 +20,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from test_differentiate import CASES, DTYPES, assert_bitwise, record_case, short
 
 import topos
 from topos import DifferentiationError, Tape, recompute
+
+from test_differentiate import CASES, DTYPES, assert_bitwise, record_case, short
 
 
 def assert_same_as_plain(network, target, parameters=None, feeds=None, segment=None) -> None:

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import _cpu_features as cpu_features
 from topos import _ulp, refmath
 from topos.errors import ShapeError
+
+import _cpu_features as cpu_features
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)

@@ -17,7 +17,8 @@ from topos.safetensors_io import CheckpointError
 
 from conftest import generator
 
-CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
+CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2",
+         "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
 DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
     "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
@@ -180,7 +181,8 @@ def test_reference_numpy_loader_reads_our_files(tmp_path):
 
 def test_our_bytes_equal_the_reference_numpy_writer(tmp_path):
     reference = pytest.importorskip("safetensors.numpy")
-    tensors = {"w": sample("F32", (3, 4)), "b": sample("I64", (5,)), "h": sample("F16", (3,)), "ünï": sample("BOOL", ())}
+    tensors = {"w": sample("F32", (3, 4)), "b": sample("I64", (5,)), "h": sample("F16", (3,)),
+               "ünï": sample("BOOL", ())}
     safetensors_io.write(tmp_path / "ours.safetensors", tensors, {"format": "np"})
     reference.save_file(tensors, tmp_path / "theirs.safetensors", metadata={"format": "np"})
     assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
@@ -492,7 +494,8 @@ def test_reading_a_folder_or_a_missing_file_is_refused(tmp_path):
         ({3: np.zeros(1)}, None, "tensor name 3 is not allowed"),
         ({"\ud800": np.zeros(1)}, None, "is not allowed"),
         ({"w": [1.0, 2.0]}, None, "tensor 'w' is a list; convert it with numpy.asarray"),
-        ({"w": np.zeros(2, np.complex128)}, None, "dtype complex128; cast it to one of float64, float32, float16, bfloat16, float8_e4m3fn"),
+        ({"w": np.zeros(2, np.complex128)}, None,
+         "dtype complex128; cast it to one of float64, float32, float16, bfloat16, float8_e4m3fn"),
         ({"w": np.array(["a"])}, None, "dtype <U1"),
         ({"w": np.zeros(2)}, {"step": 3}, "metadata must map strings to strings"),
         ([("w", np.zeros(2))], None, "tensors is a list; pass a dict"),

@@ -23,12 +23,13 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-from conftest import ELEMENT_IDS, ELEMENTS, generator, line_here
 
 import topos
 from topos import Numerics, ShapeError, Tape
 from topos.element import compute_type, round_to
 from topos.plan.patterns import CATALOG, Candidate, Pattern, register_pattern
+
+from conftest import ELEMENT_IDS, ELEMENTS, generator, line_here
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -246,6 +247,7 @@ def pass_registry():
 
 def _register_opcode_census(passes):
     from iree.compiler import ir
+
     from topos.dialect.ops import topos_operations
 
     @passes.register_pass("seams-opcode-census", "Count the ops of each opcode; refuse one opcode")

@@ -27,11 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training, cifar10.data
 
 import numpy as np  # noqa: E402
-from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 from cifar10.data import CHANNELS, CLASSES, SIDE, Cifar, load  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
+
+from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 
 WIDTHS = (16, 32, 64)
 

@@ -17,12 +17,13 @@ import json
 from collections.abc import Callable
 
 import numpy as np
+
+from topos import checkpoint, init
+
 from _training import Reader, fit, plot
 from bpe import Bytes
 from corpus import encoded, learning_rate, split, windows
 from sampling import Decoder, Sampling, generate
-
-from topos import checkpoint, init
 
 
 def add_options(options: argparse.ArgumentParser, names: str) -> argparse.ArgumentParser:

@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from _training import ExampleError
 
 from topos import init
+
+from _training import ExampleError
 
 NAMES = Path(__file__).resolve().parents[1] / "makemore" / "names.txt"
 

@@ -32,14 +32,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE))
 
+import numpy as np  # noqa: E402
+
+from topos import ToposError, init  # noqa: E402
+
 import bpe  # noqa: E402
 import hf_gpt2  # noqa: E402
-import numpy as np  # noqa: E402
 from _training import ExampleError, add_reading_options, reading  # noqa: E402
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder, Sampling, generate  # noqa: E402
-
-from topos import ToposError, init  # noqa: E402
 
 
 def options() -> argparse.ArgumentParser:

@@ -33,12 +33,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import kv_cache
 import numpy as np
-from kv_cache import Generation
 
 import topos.nn.functional as F
 from topos import Tape, init, nn, optim
+
+import kv_cache
+from kv_cache import Generation
 
 LAYER_NORM_EPS = 1e-5
 

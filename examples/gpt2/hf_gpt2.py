@@ -38,9 +38,10 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gpt2 import Config
 
 from topos import CheckpointError, FeedError, checkpoint
+
+from gpt2 import Config
 
 PREFIX = "transformer."  # GPT2LMHeadModel's files; GPT2Model's (and the hub's gpt2) have none
 IGNORED = ("h.*.attn.bias", "h.*.attn.masked_bias", "lm_head.weight")

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from _training import ROUTES, ExampleError
 
 from topos import Numerics, init
+
+from _training import ROUTES, ExampleError
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE))  # gpt2, bpe, corpus, sampling, ...
 
+from topos import ToposError  # noqa: E402
+
 import hf_gpt2  # noqa: E402
 from _training import ExampleError, parser  # noqa: E402
 from bpe import Bytes  # noqa: E402
 from byte_model import add_options, train_and_sample  # noqa: E402
 from gpt2 import Config, record_generation, record_training  # noqa: E402
-
-from topos import ToposError  # noqa: E402
 
 
 def options():

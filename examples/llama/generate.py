@@ -23,13 +23,14 @@ sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE.parent / "gpt2"))  # kv_cache, sampling
 sys.path.insert(0, str(HERE))
 
-import hf_llama  # noqa: E402
 import numpy as np  # noqa: E402
+
+from topos import ToposError, init  # noqa: E402
+
+import hf_llama  # noqa: E402
 from _training import ExampleError, add_reading_options, reading  # noqa: E402
 from llama import record_generation  # noqa: E402
 from sampling import Decoder, Sampling, generate  # noqa: E402
-
-from topos import ToposError, init  # noqa: E402
 
 
 def options() -> argparse.ArgumentParser:

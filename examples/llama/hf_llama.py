@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llama import Config
-
 from topos import CheckpointError, checkpoint
+
+from llama import Config
 
 IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
 

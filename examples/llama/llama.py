@@ -44,14 +44,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))  # kv_cache, sampling, corpus
 
-import kv_cache  # noqa: E402
 import numpy as np  # noqa: E402
-from gpt2 import record_next_token  # noqa: E402
-from kv_cache import Generation  # noqa: E402
 
 import topos  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn  # noqa: E402
+
+import kv_cache  # noqa: E402
+from gpt2 import record_next_token  # noqa: E402
+from kv_cache import Generation  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@ sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE.parent / "gpt2"))  # corpus, kv_cache, sampling: shared with the GPT-2 example
 sys.path.insert(0, str(HERE))  # llama, hf_llama
 
+from topos import ToposError  # noqa: E402
+
 import hf_llama  # noqa: E402
 from _training import ExampleError, parser  # noqa: E402
 from byte_model import add_options, train_and_sample  # noqa: E402
 from llama import Config, record_generation, record_training  # noqa: E402
-
-from topos import ToposError  # noqa: E402
 
 
 def options():

@@ -43,12 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _trai
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
 import numpy as np  # noqa: E402
-from _training import Reader, fit, plot, run  # noqa: E402
-from names import Names, contexts, load  # noqa: E402
-from series import parser, sample  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
+
+from _training import Reader, fit, plot, run  # noqa: E402
+from names import Names, contexts, load  # noqa: E402
+from series import parser, sample  # noqa: E402
 
 
 class Bigram(nn.Module):

@@ -21,13 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
+import topos.nn.functional as F  # noqa: E402
+from topos import Tape, init, nn, optim, selection  # noqa: E402
+
 from _training import Reader, fit, plot, run  # noqa: E402
 from names import Names  # noqa: E402
 from series import finish, parser, windows  # noqa: E402
 from series import sample as draw  # noqa: E402
-
-import topos.nn.functional as F  # noqa: E402
-from topos import Tape, init, nn, optim, selection  # noqa: E402
 
 
 class Mlp(nn.Module):

@@ -16,11 +16,12 @@ import argparse
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from names import Names, contexts, load
+
 from topos import init
 
 from _training import Reader, in_chunks
 from _training import parser as harness_parser
+from names import Names, contexts, load
 
 
 def parser(description: str, steps: int) -> argparse.ArgumentParser:

@@ -38,13 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _trai
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 
 import numpy as np  # noqa: E402
-from _training import Reader, fit, in_chunks, plot, run  # noqa: E402
-from names import Names  # noqa: E402
-from series import finish, parser, sample, windows  # noqa: E402
 
 import topos  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, nn, optim  # noqa: E402
+
+from _training import Reader, fit, in_chunks, plot, run  # noqa: E402
+from names import Names  # noqa: E402
+from series import finish, parser, sample, windows  # noqa: E402
 
 
 class Block(nn.Module):

@@ -23,11 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: _training, mnist.data
 
 import numpy as np  # noqa: E402
-from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 from mnist.data import CLASSES, Digits, load  # noqa: E402
 
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
+
+from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
 
 
 class LeNet(nn.Module):

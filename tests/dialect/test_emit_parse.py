@@ -108,7 +108,8 @@ def test_signature_is_parameters_then_inputs_and_results_roots_then_observes():
 def test_walkthrough_text_follows_the_contract():
     network, roots, observes = graphs.walkthrough()
     text = emit_text(network, roots, observes, debug_info=False)
-    assert text.startswith("module @topos {\n  func.func @main(%arg0: tensor<2x2xf32>, %arg1: tensor<1x2xf32>) -> tensor<f32> {")
+    assert text.startswith(
+        "module @topos {\n  func.func @main(%arg0: tensor<2x2xf32>, %arg1: tensor<1x2xf32>) -> tensor<f32> {")
     lines = [line.strip() for line in text.splitlines()]
     assert '%0 = "topos.parameter"(%arg0) {node = 0 : i64} : (tensor<2x2xf32>) -> tensor<2x2xf32>' in lines
     assert '%3 = "topos.map"(%2) {function = "tanh", node = 3 : i64} : (tensor<1x2xf32>) -> tensor<1x2xf32>' in lines
@@ -236,5 +237,6 @@ def test_parse_refuses_operands_that_are_not_nodes():
   %0 = "topos.neg"(%a) {node = 0 : i64} : (tensor<2xf32>) -> tensor<2xf32>
   return %0 : tensor<2xf32>
 }"""
-    with pytest.raises(DialectError, match="'topos.neg' op node 0: operand #0 is not the result of an earlier topos op"):
+    earlier = "'topos.neg' op node 0: operand #0 is not the result of an earlier topos op"
+    with pytest.raises(DialectError, match=earlier):
         parse_spec(text)

@@ -48,7 +48,8 @@ def test_guide_example_is_the_tested_pass_module():
 
 def _iree_opt(text: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [IREE_OPT, f"--irdl-file={irdl.IRDL_PATH}", *extra, "-"], input=text, capture_output=True, text=True, check=False
+        [IREE_OPT, f"--irdl-file={irdl.IRDL_PATH}", *extra, "-"],
+        input=text, capture_output=True, text=True, check=False,
     )
 
 

@@ -18,7 +18,6 @@ from ._hlo_eval import CASES, ELEMENT_IDS, ELEMENTS, data, emitted
 from .graphs import every_opcode
 
 
-
 def _lowered(case, dtype) -> str:
     network, root = Tape.record(lambda tape: case.record(tape, dtype))
     return to_stablehlo(emitted(network, [root]))
@@ -68,7 +67,8 @@ def test_graph_with_every_opcode_lowers_and_verifies():
 
 def _reductions(text: str) -> list[tuple[str, str, str]]:
     """(operand type, dimensions, result type) of every stablehlo.reduce in ``text``."""
-    pattern = r"stablehlo\.reduce\(.*?across dimensions = \[([0-9, ]*)\] : \((tensor<[^>]*>), [^)]*\) -> (tensor<[^>]*>)"
+    pattern = (r"stablehlo\.reduce\(.*?across dimensions = \[([0-9, ]*)\] : "
+               r"\((tensor<[^>]*>), [^)]*\) -> (tensor<[^>]*>)")
     return [(operand, dims, result) for dims, operand, result in re.findall(pattern, text)]
 
 
@@ -131,7 +131,7 @@ _UNKNOWN = """module @topos {
     return %0 : tensor<2xf32>
   }
 }
-"""
+"""  # noqa: E501  (the location is the line a user would see)
 
 
 def test_an_op_without_a_rule_fails_at_its_recording_line():

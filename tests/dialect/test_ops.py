@@ -15,9 +15,9 @@ from topos.errors import ShapeError
 ir = pytest.importorskip("iree.compiler.ir")
 
 from iree.compiler.dialects import func  # noqa: E402
+
 from topos.dialect import context, ops  # noqa: E402
 from topos.dialect.diagnostics import VerificationError  # noqa: E402
-
 from topos.opcodes import Spec  # noqa: E402
 
 
@@ -197,7 +197,8 @@ _SOURCES = """  %0 = "topos.parameter"(%a) {node = 0 : i64} : (tensor<2x3xf32>) 
          "expects 1 result, got 2"),
         ('"topos.leaf"() {node = 2 : i64, value = dense<1.0> : tensor<2xf32>} : () -> tensor<3xf32>',
          "value has type tensor<2xf32> but the result is tensor<3xf32>"),
-        ('"topos.leaf"() {node = 2 : i64, value = dense<[0, 5]> : tensor<2xi64>, extent = 3 : i64} : () -> tensor<2xi64>',
+        ('"topos.leaf"() {node = 2 : i64, value = dense<[0, 5]> : tensor<2xi64>, extent = 3 : i64} '
+         ': () -> tensor<2xi64>',
          "selection index 5 at (1,) is outside [0, 3)"),
         ('"topos.leaf"() {node = 2 : i64, value = dense<[0, 1]> : tensor<2xi64>} : () -> tensor<2xi64>',
          "needs the attribute `extent = <n> : i64`"),

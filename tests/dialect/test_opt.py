@@ -160,7 +160,8 @@ def test_verify_diagnostics_matches_expected_errors(capsys, tmp_path):
 
 
 def test_expectation_offsets():
-    text = "a // expected-error {{here}}\n// expected-warning @+2 {{two below}}\n\nx\ny // expected-error @-1 {{above}}\n// expected-note @below {{next}}\n"
+    text = ("a // expected-error {{here}}\n// expected-warning @+2 {{two below}}\n\nx\n"
+            "y // expected-error @-1 {{above}}\n// expected-note @below {{next}}\n")
     found = [(e.severity, e.line, e.message) for e in expectations(text)]
     assert found == [
         ("error", 1, "here"), ("warning", 4, "two below"), ("error", 4, "above"), ("note", 7, "next")

@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from topos import Tape
-from topos import ToposError
+from topos import Tape, ToposError
 from topos.dialect import compiled as compiled_module
 from topos.dialect.cache import CacheError, CompileCache, default_directory, key, plan_key
 from topos.dialect.compiled import CompileError, compiler_version, toolchain_version
@@ -160,7 +159,7 @@ def test_concurrent_processes_compiling_one_module_both_succeed_and_leave_one_va
     processes = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in processes]
-    for process, (stdout, stderr) in zip(processes, outputs):
+    for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-2000:]
     values = {stdout.split()[0] for stdout, _ in outputs}
     assert len(values) == 1

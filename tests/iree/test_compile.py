@@ -16,8 +16,14 @@ import topos
 from topos import FeedError, SymbolError, Tape, ToposError
 from topos.dialect import conformance
 from topos.dialect.cache import plan_key
-from topos.dialect.compiled import (CompiledRun, DeviceMemoryError, ResidentParameters, TargetError, device_for,
-                                    toolchain_version)
+from topos.dialect.compiled import (
+    CompiledRun,
+    DeviceMemoryError,
+    ResidentParameters,
+    TargetError,
+    device_for,
+    toolchain_version,
+)
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
@@ -299,8 +305,13 @@ def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_t
     from iree.compiler.api import Session
 
     from topos.dialect.compiled import largest_matmul, module_flags
-    from topos.dialect.targets import (LARGE_TILE_FLAGS, LARGE_TILES_FROM, PROCESS_WIDE_OPTIONS, SINGLE_THREAD_FLAGS,
-                                       target)
+    from topos.dialect.targets import (
+        LARGE_TILE_FLAGS,
+        LARGE_TILES_FROM,
+        PROCESS_WIDE_OPTIONS,
+        SINGLE_THREAD_FLAGS,
+        target,
+    )
 
     def model(tape):
         a = tape.input(np.linspace(-1.0, 1.0, 32 * 48, dtype=np.float32).reshape(32, 48))

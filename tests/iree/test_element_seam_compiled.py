@@ -18,8 +18,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import test_element_seam as seam
-from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
 import topos
 from topos import Tape
@@ -28,6 +26,9 @@ from topos.dialect.compiled import CompileError
 from topos.dialect.parse import parse_spec
 from topos.dialect.targets import TARGETS, TargetError, check_elements, flags_for, target
 from topos.element import element_of
+
+import test_element_seam as seam
+from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
 # The core test module's fixtures, under the same names: the elements it registers.
 registered = seam.registered

@@ -18,12 +18,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: F401  (autouse fixture)
 
 import topos
 from topos import FeedError, Tape
 from topos.dialect.export import ExportError
 from topos.dialect.targets import TargetError
+
+from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: F401  (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 IREE_BIN = Path(sys.executable).parent
@@ -54,7 +55,7 @@ def test_the_artifact_runs_and_passes_its_check_without_topos(dtype, tmp_path):
     folder = training_step(dtype).export(tmp_path / "step")
     names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     suffix = "bin" if dtype == topos.bfloat16 else "npy"
-    assert names == ["check.sh", f"expected/00_node5_sum.bin", f"expected/01_node19_sub.{suffix}", "flags.txt",
+    assert names == ["check.sh", "expected/00_node5_sum.bin", f"expected/01_node19_sub.{suffix}", "flags.txt",
                      f"inputs/00_w.{suffix}", f"inputs/01_x.{suffix}", "manifest.json", "module.located.mlir",
                      "module.stablehlo.mlir", "module.vmfb"]
     done = run_check(folder)

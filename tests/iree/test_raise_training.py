@@ -25,8 +25,6 @@ import pytest
 
 pytest.importorskip("iree.compiler")
 
-from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: E402, F401  (fixture)
-
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
 from topos.dialect import conformance  # noqa: E402
@@ -35,6 +33,8 @@ from topos.dialect.plan_passes import RAISABLE  # noqa: E402
 from topos.plan import elect  # noqa: E402
 from topos.plan.patterns import pattern  # noqa: E402
 from topos.plan.plan import Kernels  # noqa: E402
+
+from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: E402, F401  (fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

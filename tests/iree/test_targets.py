@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
 import topos
 from topos import Tape
 from topos.dialect import conformance, conformance_cases
 from topos.dialect.compiled import TargetError, to_host
 from topos.dialect.targets import NARROW_SELECTIONS, TARGETS
+
+from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
 GPU_TARGETS = ("cuda", "vulkan", "metal", "rocm")
 HERE = Path(__file__).resolve().parent
