@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from topos import init, refmath
-from topos.errors import ShapeError
+from topos.errors import ArgumentError, ShapeError
 from topos.init import Generator
 
 import _cpu_features as cpu_features
@@ -443,6 +443,38 @@ def test_fan_based_initializers_refuse_rank_one_shapes():
             initializer(Generator(1), 10)
     with pytest.raises(TypeError, match="takes a topos.init.Generator first"):
         init.zeros()(np.random.default_rng(0), (2, 2))
+
+
+def test_argument_checks_raise_argument_errors_at_the_users_line():
+    generator = Generator(1)
+    for call, words in [
+        (lambda: generator.normal(3, mean="0"), "mean must be a real number"),
+        (lambda: generator.uniform(3, 0.0, float("inf")), "high must be finite"),
+        (lambda: generator.dropout_mask(3, 1.0), r"p must be in \[0, 1\)"),
+        (lambda: generator.bits(0), "count must be an int of at least 1"),
+        (lambda: generator.permutation(2.0), "n must be an int"),
+        (lambda: Generator(-1), r"seed must be in \[0, 2\*\*64\)"),
+        (lambda: init.normal(std=-1.0), "std must be non-negative"),
+        (lambda: init.uniform(1.0, 0.0), "low must be below high"),
+        (lambda: init.constant(float("nan")), "value must be finite"),
+        (lambda: init.kaiming_uniform(mode="fan_avg"), "unknown mode"),
+        (lambda: init.calculate_gain("gelu"), "unknown nonlinearity"),
+    ]:
+        with pytest.raises(ArgumentError, match=words) as caught:
+            call()
+        assert str(caught.value).startswith(f"{__file__}:"), str(caught.value)
+        assert isinstance(caught.value, ValueError) and isinstance(caught.value, TypeError)
+
+
+def test_an_initializer_called_with_its_arguments_swapped_says_the_generator_comes_first():
+    with pytest.raises(ArgumentError, match=r"normal\(mean=0.0, std=1.0\) takes a topos.init.Generator first, "
+                                            r"got tuple \(2, 3\); the arguments are swapped: the generator comes "
+                                            r"first, then the shape"):
+        init.normal()((2, 3), Generator(0))
+    with pytest.raises(ArgumentError, match=r"takes a topos.init.Generator first, got int 7; call it as "
+                                            r"initializer\(generator, shape, dtype\)"):
+        init.zeros()(7, (2, 3))
+    assert init.normal()(Generator(0), (2, 3)).shape == (2, 3)
 
 
 def test_draws_in_chunks_give_the_bits_of_one_draw(monkeypatch):

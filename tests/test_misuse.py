@@ -22,6 +22,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import (
+    ArgumentError,
     CheckpointError,
     DifferentiationError,
     FeedError,
@@ -683,6 +684,143 @@ def two_updates_of_one_slot():
     record(build)
 
 
+# ---- arguments of layers, optimizers and initializers ------------------------------------------------
+
+@case(ArgumentError, r"Linear: in_features must be an int >= 1, got 0")
+def a_linear_layer_of_no_inputs():
+    record(lambda t: nn.Linear(0, 3))
+
+
+@case(ArgumentError, r"Linear: in_features must be an int >= 1, got '3'")
+def a_linear_layer_sized_by_a_string():
+    record(lambda t: nn.Linear("3", 2))
+
+
+@case(ArgumentError, r"Conv2d: kernel_size must be an int or 2 ints \(height, width\)", r"\(3,\)")
+def a_convolution_with_a_one_axis_kernel():
+    record(lambda t: nn.Conv2d(1, 2, (3,)))
+
+
+@case(ArgumentError, r"MultiHeadAttention: num_heads must be an int >= 1, got 0")
+def attention_with_no_heads():
+    record(lambda t: nn.MultiHeadAttention(8, 0))
+
+
+@case(ArgumentError, r"Mlp: sizes must be a list of ints", r"\[784, 128, 10\]")
+def an_mlp_given_one_size():
+    record(lambda t: nn.Mlp(4))
+
+
+@case(ArgumentError, r"LayerNorm: eps must be >= 0 \(a finite number\), got -1.0")
+def a_layer_norm_with_a_negative_eps():
+    record(lambda t: nn.LayerNorm(4, eps=-1.0))
+
+
+@case(ArgumentError, r"BatchNorm: momentum must be in \[0, 1\]", "got nan")
+def a_batch_norm_with_a_nan_momentum():
+    record(lambda t: nn.BatchNorm(3, momentum=float("nan")))
+
+
+@case(ShapeError, r"BatchNorm\(3", "more than one value per channel", r"\[1, 3\]", "training=False")
+def a_batch_norm_trained_on_a_batch_of_one():
+    record(lambda t: nn.BatchNorm(3)(v(t, (1, 3))))
+
+
+@case(ArgumentError, r"Linear.weight: init returned float64 \[2, 3\], expected float32 \[2, 3\]")
+def an_init_that_returns_float64():
+    record(lambda t: nn.Linear(3, 2, init=lambda g, shape, dtype: np.zeros(shape, np.float64)))
+
+
+@case(ShapeError, r"Flatten\(\) takes an input of rank 2 or more", r"got \[5\]")
+def flattening_a_vector():
+    record(lambda t: nn.Flatten()(v(t, (5,))))
+
+
+@case(ArgumentError, r"ModuleList is indexed by int positions, got str '0'", r"use \[0\]")
+def indexing_a_module_list_by_a_string():
+    record(lambda t: nn.ModuleList([nn.Linear(2, 2)])["0"])
+
+
+@case(ArgumentError, r"dropout_feeds: pass a topos.init.Generator")
+def dropout_feeds_from_a_seed():
+    record(lambda t: nn.Dropout(0.1).dropout_feeds(0))
+
+
+@case(DifferentiationError, r"wrt is a method", r"Linear.parameters\(\) \(call it\)")
+def differentiating_with_respect_to_an_uncalled_method():
+    def build(t):
+        layer = nn.Linear(2, 1)
+        t.differentiate(layer(v(t, (1, 2))).sum(), layer.parameters)
+    record(build)
+
+
+@case(DifferentiationError, r"wrt is the module Linear itself", r"parameters\(\)")
+def differentiating_with_respect_to_a_module():
+    def build(t):
+        layer = nn.Linear(2, 1)
+        t.differentiate(layer(v(t, (1, 2))).sum(), layer)
+    record(build)
+
+
+@case(ShapeError, r"input: shape= must be a tuple of ints, each at least 1, got \(-1, 3\)")
+def an_input_of_negative_shape():
+    record(lambda t: t.input(shape=(-1, 3), name="x"))
+
+
+@case(ArgumentError, r"SGD: the learning rate lr must be positive and finite", "got float inf")
+def an_infinite_learning_rate():
+    optim.SGD(lr=float("inf"))
+
+
+@case(ArgumentError, r"Adam: betas must be a pair \(beta1, beta2\)", r"betas=\(")
+def adam_given_betas_as_the_second_positional_argument():
+    optim.Adam(0.01, 0.9)
+
+
+@case(ArgumentError, r"SGD.step: the learning rate lr must be positive and finite", "got float nan")
+def a_step_with_a_nan_learning_rate():
+    network, (w, x, loss) = _small()
+    table = network.parameters()
+    optim.SGD(lr=0.1).step(table, table.map(np.zeros_like), lr=float("nan"))
+
+
+@case(FeedError, "another element type", r"optim.exp_avg.w: float64, the parameters need float32")
+def an_optimizer_state_of_float64_moments_for_float32_parameters():
+    network, _ = _small()
+    table = network.parameters()
+    adam = optim.Adam()
+    state = optim.OptimizerState({n: a.astype(F64) for n, a in adam.init(table).named().items()})
+    adam.step(table, table.map(np.zeros_like), state)
+
+
+@case(SymbolError, "already holds optimizer state", r"prefix='optim2'")
+def two_optimizers_recorded_under_one_prefix():
+    def build(t):
+        w = t.parameter(np.ones(2, F32), name="w")
+        u = t.parameter(np.ones(2, F32), name="u")
+        loss = (w * u).sum()
+        optim.Adam().record(t.differentiate(loss, [w]))
+        optim.Adam().record(t.differentiate(loss, [u]))
+    record(build)
+
+
+@case(ArgumentError, "takes a topos.init.Generator first", "the generator comes first")
+def an_initializer_called_with_its_arguments_swapped():
+    topos.init.normal()((2, 3), topos.init.Generator(0))
+
+
+@case(ArgumentError, "zip takes the tables first and the function last", "no function")
+def zipping_tables_without_a_function():
+    network, _ = _small()
+    network.parameters().zip()
+
+
+@case(ArgumentError, r"Parameters \* takes a number", "got str 'a'")
+def scaling_a_table_by_a_string():
+    network, _ = _small()
+    network.parameters() * "a"
+
+
 # ---- checkpoints -------------------------------------------------------------------------------------
 
 @case(CheckpointError, "missing from the file: w", "in the file but not in the network: v", "strict=False")
@@ -785,7 +923,7 @@ def a_compiled_run_with_another_networks_table():
     compiled.forward(_small()[0].parameters())
 
 
-@case(SymbolError, "not a declared result of this compiled plan")
+@case(SymbolError, "not a result of this compiled plan", "add it to the entry.s roots or observe")
 def reading_a_compiled_run_outside_its_results():
     network, (w, x, loss), compiled = _compiled()
     compiled.forward(network.parameters())[x]

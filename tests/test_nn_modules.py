@@ -8,7 +8,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import Tape, nn, selection
-from topos.errors import RecordingError, ShapeError
+from topos.errors import ArgumentError, RecordingError, ShapeError
 
 torch = pytest.importorskip("torch")
 
@@ -248,6 +248,183 @@ def test_modules_refuse_bad_constructor_arguments():
     ]:
         with pytest.raises(ValueError, match=words):
             Tape.record(lambda tape, build=build: build())
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: nn.Linear(0, 3), r"Linear: in_features must be an int >= 1, got 0"),
+    (lambda: nn.Linear(-1, 3), r"Linear: in_features must be an int >= 1, got -1"),
+    (lambda: nn.Linear("3", 2), r"Linear: in_features must be an int >= 1, got '3'"),
+    (lambda: nn.Linear(3.0, 2), r"Linear: in_features must be an int >= 1, got 3.0"),
+    (lambda: nn.Linear(True, 2), r"Linear: in_features must be an int >= 1, got True"),
+    (lambda: nn.Linear(3, 0), r"Linear: out_features must be an int >= 1, got 0"),
+    (lambda: nn.Linear(3, 2, dtype="nonsense"), r"Linear: dtype must be float32, float64 or ml_dtypes.bfloat16"),
+    (lambda: nn.Linear(3, 2, generator=7), r"Linear: generator must be a topos.init.Generator"),
+    (lambda: nn.Embedding(0, 4), r"Embedding: num_embeddings must be an int >= 1, got 0"),
+    (lambda: nn.Embedding(10, -4), r"Embedding: embedding_dim must be an int >= 1, got -4"),
+    (lambda: nn.LayerNorm(0), r"LayerNorm: normalized_shape must be an int >= 1, got 0"),
+    (lambda: nn.RmsNorm(0), r"RmsNorm: normalized_shape must be an int >= 1, got 0"),
+    (lambda: nn.BatchNorm(0), r"BatchNorm: num_features must be an int >= 1, got 0"),
+    (lambda: nn.Conv2d(1, 2, 0), r"Conv2d: kernel_size must be an int >= 1, got 0"),
+    (lambda: nn.Conv2d(0, 2, 3), r"Conv2d: in_channels must be an int >= 1, got 0"),
+    (lambda: nn.Conv2d(1, 2, (3,)),
+     r"Conv2d: kernel_size must be an int or 2 ints \(height, width\), got tuple \(3,\)"),
+    (lambda: nn.Conv2d(1, 2, 3, stride=0), r"Conv2d: stride must be an int >= 1, got 0"),
+    (lambda: nn.Conv2d(1, 2, 3, padding=-1), r"Conv2d: padding must be an int >= 0, got -1"),
+    (lambda: nn.Conv2d(1, 2, 3, padding=(1, 1, 1)), r"Conv2d: padding must be an int or 2 ints"),
+    (lambda: nn.MaxPool2d(0), r"MaxPool2d: kernel_size must be an int >= 1, got 0"),
+    (lambda: nn.MaxPool2d(2, stride=0), r"MaxPool2d: stride must be an int >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(8, 0), r"MultiHeadAttention: num_heads must be an int >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(0, 2), r"MultiHeadAttention: embed_dim must be an int >= 1, got 0"),
+    (lambda: nn.Mlp(4), r"Mlp: sizes must be a list of ints"),
+    (lambda: nn.Mlp([4, 0, 2]), r"Mlp: sizes\[1\] must be an int >= 1, got 0"),
+    (lambda: nn.Dropout("0.5"), r"Dropout: p must be in \[0, 1\)"),
+    (lambda: nn.Dropout(float("nan")), r"Dropout: p must be in \[0, 1\)"),
+    (lambda: nn.GELU("fast"), r"GELU: approximate must be 'none' or 'tanh', got 'fast'"),
+])
+def test_a_bad_size_or_option_names_the_module_and_the_argument(build, words):
+    with pytest.raises(ArgumentError, match=words) as caught:
+        Tape.record(lambda tape: build())
+    assert "test_nn_modules.py" in str(caught.value)  # the user's line comes first
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, TypeError)
+
+
+def test_sizes_may_be_numpy_integers_and_kernel_pairs():
+    def build(tape):
+        linear, conv = nn.ModuleList([nn.Linear(np.int64(3), np.int32(2)),
+                                      nn.Conv2d(1, 2, [3, 2], stride=(1, 2), padding=(1, 0))])
+        return linear.weight, conv.weight
+
+    network, (weight, kernel) = Tape.record(build)
+    assert network.parameters()[weight].shape == (2, 3)
+    assert network.parameters()[kernel].shape == (2, 1, 3, 2)
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: nn.LayerNorm(4, eps=-1.0), r"LayerNorm: eps must be >= 0 \(a finite number\), got -1.0"),
+    (lambda: nn.RmsNorm(4, eps=float("inf")), r"RmsNorm: eps must be >= 0"),
+    (lambda: nn.BatchNorm(3, eps=-1e-5), r"BatchNorm: eps must be >= 0"),
+    (lambda: nn.BatchNorm(3, momentum=float("nan")), r"BatchNorm: momentum must be in \[0, 1\]"),
+    (lambda: nn.BatchNorm(3, momentum=1.5), r"BatchNorm: momentum must be in \[0, 1\]"),
+])
+def test_an_eps_or_momentum_that_would_give_nan_is_refused(build, words):
+    with pytest.raises(ArgumentError, match=words):
+        Tape.record(lambda tape: build())
+
+
+def test_eps_zero_and_momentum_bounds_are_accepted():
+    def build(tape):
+        x = tape.input(np.array([[1.0, 2.0], [3.0, 5.0]], F32))
+        layers = nn.ModuleList([nn.LayerNorm(2, eps=0.0), nn.RmsNorm(2, eps=0.0), nn.BatchNorm(2, momentum=0.0),
+                                nn.BatchNorm(2, momentum=1.0, eps=0)])
+        return tuple(layer(x) for layer in layers)
+
+    network, results = Tape.record(build)
+    run = network.forward(network.parameters())
+    np.testing.assert_allclose(run[results[0]], [[-1.0, 1.0], [-1.0, 1.0]], atol=1e-6)
+    for result in results:
+        assert np.isfinite(run[result]).all()
+
+
+def test_batch_norm_refuses_a_training_batch_of_one_and_reads_it_for_inference():
+    with pytest.raises(ShapeError, match=r"BatchNorm\(3.*more than one value per channel.*\[1, 3\].*training=False"):
+        Tape.record(lambda tape: nn.BatchNorm(3)(tape.input(np.ones((1, 3), F32))))
+    with pytest.raises(ShapeError, match=r"more than one value per channel.*\[1, 3, 1, 1\]"):
+        Tape.record(lambda tape: nn.BatchNorm(3)(tape.input(np.ones((1, 3, 1, 1), F32))))
+
+    def inference(tape):
+        bn = nn.BatchNorm(3)
+        x = tape.input(np.ones((1, 3), F32))
+        with nn.inference():
+            return bn(x), bn(x, training=False)
+
+    network, (a, b) = Tape.record(inference)
+    run = network.forward(network.parameters())
+    np.testing.assert_allclose(run[a], np.ones((1, 3)) / np.sqrt(1 + 1e-5), rtol=1e-6)
+    np.testing.assert_array_equal(run[a], run[b])
+    network, out = Tape.record(lambda tape: nn.BatchNorm(3)(tape.input(np.array([[0.0] * 3, [2.0] * 3], F32))))
+    np.testing.assert_allclose(network.forward(network.parameters())[out], [[-1.0] * 3, [1.0] * 3], atol=1e-4)
+
+
+@pytest.mark.parametrize("init, words", [
+    (lambda g, s, d: np.zeros(s, np.float64),
+     r"Linear.weight: init returned float64 \[2, 3\], expected float32 \[2, 3\]"),
+    (lambda g, s, d: np.zeros(5, np.float32), r"Linear.weight: init returned float32 \[5\], expected float32 \[2, 3\]"),
+    (lambda g, s, d: [[0.0] * 3] * 2, r"Linear.weight: init returned list .*expected a float32 \[2, 3\] array"),
+    (0.5, r"Linear: init must be an initializer from topos.init"),
+])
+def test_an_init_that_returns_the_wrong_array_is_refused_at_construction(init, words):
+    with pytest.raises(ArgumentError, match=words):
+        Tape.record(lambda tape: nn.Linear(3, 2, init=init))
+
+
+def test_an_init_that_returns_the_right_array_is_used():
+    def build(tape):
+        linear, norm = nn.ModuleList([nn.Linear(3, 2, init=lambda g, s, d: np.full(s, 0.5, d)),
+                                      nn.LayerNorm(2, bias_init=topos.init.constant(2.0))])
+        return linear.weight, norm.bias
+
+    network, (weight, bias) = Tape.record(build)
+    np.testing.assert_array_equal(network.parameters()[weight], np.full((2, 3), 0.5, F32))
+    np.testing.assert_array_equal(network.parameters()[bias], [2.0, 2.0])
+    with pytest.raises(ArgumentError, match=r"Embedding.weight: init returned float64"):
+        Tape.record(lambda tape: nn.Embedding(3, 2, init=lambda g, s, d: np.zeros(s)))
+    with pytest.raises(ArgumentError, match=r"LayerNorm.bias: init returned float32 \[3\], expected float32 \[2\]"):
+        Tape.record(lambda tape: nn.LayerNorm(2, bias_init=lambda g, s, d: np.zeros(3, d)))
+
+
+def test_flatten_refuses_inputs_without_a_batch_axis():
+    for shape in [(5,), ()]:
+        with pytest.raises(ShapeError, match=r"Flatten\(\) takes an input of rank 2 or more"):
+            Tape.record(lambda tape, shape=shape: nn.Flatten()(tape.input(np.ones(shape, F32))))
+    network, out = Tape.record(lambda tape: nn.Flatten()(tape.input(np.ones((2, 3, 4), F32))))
+    assert network.forward(network.parameters())[out].shape == (2, 12)
+
+
+def test_module_list_positions_and_a_missing_forward_are_explained():
+    def build(tape):
+        modules = nn.ModuleList([nn.Linear(2, 2), nn.Tanh()])
+        assert isinstance(modules[-1], nn.Tanh) and len(modules[0:1]) == 1
+        with pytest.raises(IndexError, match=r"ModuleList has 2 modules; position 3 is out of range \(use 0..1"):
+            modules[3]
+        with pytest.raises(ArgumentError, match=r"ModuleList is indexed by int positions, got str '0'; use \[0\]"):
+            modules["0"]
+        with pytest.raises(ArgumentError, match=r"ModuleList holds modules; item 2 is a int"):
+            modules.append(3)
+
+        class NoForward(nn.Module):
+            pass
+
+        with pytest.raises(NotImplementedError, match=r"NoForward defines no forward\(\); define forward\(self, ...\)"):
+            NoForward()(tape.input(np.ones(2, F32)))
+
+    Tape.record(build)
+
+
+def test_dropout_feeds_need_a_generator():
+    def build(tape):
+        model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+        model(tape.input(np.ones((1, 2), F32)))
+        with pytest.raises(ArgumentError, match=r"dropout_feeds: pass a topos.init.Generator .*got int 0"):
+            model.dropout_feeds(0)
+        assert len(model.dropout_feeds(topos.init.Generator(1))) == 1
+
+    Tape.record(build)
+
+
+def test_function_forms_check_their_options():
+    x = lambda tape: tape.input(np.ones((1, 1, 4, 4), F32))  # noqa: E731
+    w = lambda tape: tape.input(np.ones((1, 1, 2, 2), F32))  # noqa: E731
+    for record, words in [
+        (lambda t: F.conv2d(x(t), w(t), stride=0), r"conv2d: stride must be an int >= 1, got 0"),
+        (lambda t: F.conv2d(x(t), w(t), padding=(1,)), r"conv2d: padding must be an int or 2 ints"),
+        (lambda t: F.max_pool(x(t), 0), r"max_pool: size must be an int >= 1, got 0"),
+        (lambda t: F.layer_norm(x(t), eps=-1.0), r"layer_norm: eps must be >= 0"),
+        (lambda t: F.rms_norm(x(t), eps=float("nan")), r"rms_norm: eps must be >= 0"),
+        (lambda t: F.gelu(x(t), "erf"), r"gelu: approximate must be 'none' or 'tanh'"),
+        (lambda t: F.mse_loss(x(t), x(t), reduction="avg"), r"reduction must be one of"),
+    ]:
+        with pytest.raises(ArgumentError, match=words):
+            Tape.record(record)
 
 
 def test_a_subclass_that_skips_super_init_is_told_so():

@@ -8,7 +8,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import Numerics, Tape, nn, optim, selection
-from topos.errors import DifferentiationError, FeedError, SymbolError
+from topos.errors import ArgumentError, DifferentiationError, FeedError, SymbolError
 
 F32, F64 = np.float32, np.float64
 RNG = np.random.default_rng(11)
@@ -201,6 +201,91 @@ def test_recording_an_optimizer_over_an_input_or_state_is_refused():
 def test_bad_hyperparameters_are_refused(build, words):
     with pytest.raises(ValueError, match=words):
         build()
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: optim.SGD(lr=float("inf")), r"SGD: the learning rate lr must be positive and finite.*got float inf"),
+    (lambda: optim.SGD(lr=float("nan")), r"SGD: the learning rate lr must be positive and finite.*got float nan"),
+    (lambda: optim.SGD(lr="0.1"), r"SGD: the learning rate lr must be positive and finite.*got str '0.1'"),
+    (lambda: optim.SGD(lr=None), r"SGD: the learning rate lr must be positive and finite.*got NoneType None"),
+    (lambda: optim.Adam(lr=-1e-3), r"Adam: the learning rate lr must be positive"),
+    (lambda: optim.SGD(lr=0.1, momentum=float("nan")), r"SGD: momentum must be >= 0 \(a finite number\), got nan"),
+    (lambda: optim.SGD(lr=0.1, momentum=-0.5), r"SGD: momentum must be >= 0"),
+    (lambda: optim.SGD(lr=0.1, weight_decay=float("nan")), r"SGD: weight_decay must be >= 0"),
+    (lambda: optim.AdamW(weight_decay=float("inf")), r"AdamW: weight_decay must be >= 0"),
+    (lambda: optim.Adam(eps=-1e-8), r"Adam: eps must be > 0 \(a finite number\), got -1e-08"),
+    (lambda: optim.AdamW(eps=0.0), r"AdamW: eps must be > 0"),
+    (lambda: optim.Adam(betas=(0.9,)), r"Adam: betas must be a pair \(beta1, beta2\) of numbers in \[0, 1\)"),
+    (lambda: optim.Adam(0.01, 0.9), r"Adam: betas must be a pair .*got 0.9; pass it as betas=\(...\)"),
+    (lambda: optim.Adam(betas=(0.9, float("nan"))), r"Adam: betas must lie in \[0, 1\) and be finite"),
+    (lambda: optim.Adam(decay="bias"), r"Adam: decay must be a function of a parameter's name"),
+    (lambda: optim.SGD(lr=0.1, prefix="my optim"), r"SGD: prefix must be a non-empty name without whitespace"),
+])
+def test_hyperparameters_that_are_not_finite_numbers_in_range_are_refused(build, words):
+    with pytest.raises(ArgumentError, match=words) as caught:
+        build()
+    assert "test_optim.py" in str(caught.value)
+
+
+def test_hyperparameters_of_numpy_types_and_list_betas_are_accepted():
+    adam = optim.Adam(lr=np.float32(0.01), betas=[0.8, np.float64(0.99)], eps=np.float32(1e-6))
+    assert adam.betas == (0.8, 0.99) and adam.lr == pytest.approx(0.01)
+    assert optim.SGD(lr=1, momentum=0).lr == 1.0
+
+
+def test_a_step_rate_override_is_checked_like_the_constructors():
+    network, loss = _forward(F32)
+    parameters = network.parameters()
+    gradients = network.forward(parameters, _feeds(0, F32)).backward(loss).parameters(parameters)
+    sgd = optim.SGD(lr=0.1)
+    for bad in (float("nan"), float("inf"), 0.0, "0.1"):
+        with pytest.raises(ArgumentError, match=r"SGD.step: the learning rate lr must be positive and finite"):
+            sgd.step(parameters, gradients, lr=bad)
+    stepped, _ = sgd.step(parameters, gradients, lr=0.5)
+    expected = parameters["0.weight"] - np.float32(0.5) * gradients["0.weight"]
+    np.testing.assert_array_equal(stepped["0.weight"], expected)
+
+
+def test_a_state_of_another_element_type_is_refused_naming_the_entries():
+    network, loss = _forward(F32)
+    parameters = network.parameters()
+    adam = optim.Adam()
+    wider = optim.OptimizerState({n: a.astype(F64) for n, a in adam.init(parameters).named().items()})
+    with pytest.raises(FeedError, match=r"another element type[\s\S]*optim.exp_avg.0.weight: float64, the "
+                                        r"parameters need float32"):
+        adam.step(parameters, parameters.map(np.zeros_like), wider)
+
+
+def test_a_state_of_another_network_with_as_many_entries_lists_the_shapes_that_differ():
+    network, loss = _forward(F32)
+    parameters = network.parameters()
+    other, _ = Tape.record(lambda tape: nn.Mlp([5, 4, 3])(tape.input(np.ones((1, 5), F32))))
+    state = optim.Adam().init(other.parameters())
+    assert len(state) == len(optim.Adam().init(parameters))
+    with pytest.raises(SymbolError, match=r"made for other parameters[\s\S]*optim.exp_avg.0.weight: \[4, 5\], "
+                                          r"these parameters need \[7, 5\]"):
+        optim.Adam().step(parameters, parameters.map(np.zeros_like), state)
+
+
+def test_a_second_optimizer_on_one_recording_needs_another_prefix():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(2, 3), nn.Linear(3, 1)
+
+    def record(tape, prefix):
+        pair = Pair()
+        loss = pair.second(pair.first(tape.input(np.ones((1, 2), F32)))).sum()
+        first = optim.Adam().record(tape.differentiate(loss, pair.first.parameters()))
+        second = optim.SGD(lr=0.1, momentum=0.9, prefix=prefix)
+        second.record(tape.differentiate(loss, pair.second.parameters()))
+        return first, second
+
+    with pytest.raises(SymbolError, match=r"SGD.record: this recording already holds optimizer state named "
+                                          r"'optim.lr'.*prefix='optim2'"):
+        Tape.record(lambda tape: record(tape, "optim"))
+    network, _ = Tape.record(lambda tape: record(tape, "optim2"))
+    assert "optim2.momentum_buffer.second.weight" in network.parameters().names()
 
 
 def test_state_from_checks_the_tensors_it_is_given():

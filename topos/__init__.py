@@ -10,6 +10,7 @@ from .differentiate import Adjoints, Field, Gradients
 from .drawing import Drawing, DrawingError, draw, plot_live_bytes
 from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
 from .errors import (
+    ArgumentError,
     CheckpointError,
     DifferentiationError,
     FeedError,
@@ -38,7 +39,7 @@ from . import checkpoint, init, nn, optim  # noqa: E402, I001  # isort: skip
 __version__ = "0.1.0"
 
 __all__ = [
-    "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "BisectReport", "Candidate", "CheckpointError",
+    "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "ArgumentError", "BisectReport", "Candidate", "CheckpointError",
     "DifferentiationError", "Drawing", "DrawingError", "Eager", "Entry", "FeedError", "Fidelity", "Field",
     "GradientCheckError", "GradientReport", "Gradients", "Network", "Node", "Numerics", "Opcode", "Parameters",
     "Plan", "PlanError", "Recordable", "RecordingError", "Run", "SealedError", "Selection", "SelectionType",

@@ -54,5 +54,14 @@ class CheckpointError(AtTheUsersLine, ValueError):
     """A checkpoint file could not be written or read, or does not fit the network it is loaded into."""
 
 
+class ArgumentError(AtTheUsersLine, ValueError, TypeError):
+    """A layer, optimizer, initializer or function was given an argument it does not take.
+
+    A size below 1, a rate that is not a finite number, an unknown mode, a
+    value of the wrong type. Both a ``ValueError`` and a ``TypeError``, as
+    the built-in checks it replaces were one or the other.
+    """
+
+
 class PlanError(AtTheUsersLine, ValueError):
     """A plan was asked for what it does not have, such as a fusion kind the pattern catalog does not define."""

@@ -49,7 +49,7 @@ from numpy.typing import DTypeLike
 
 from topos import refmath
 from topos.element import ELEMENTS, float32
-from topos.errors import ShapeError
+from topos.errors import ArgumentError, ShapeError
 
 Shape = int | tuple[int, ...]
 
@@ -83,23 +83,23 @@ def _philox4x32_10(counters: np.ndarray, key: tuple[int, int]) -> np.ndarray:
 
 def _finite(value: object, name: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+        raise ArgumentError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ArgumentError(f"{name} must be finite, got {value!r}")
     return float(value)
 
 
 def _interval(low: object, high: object) -> tuple[float, float]:
     low, high = _finite(low, "low"), _finite(high, "high")
     if not low < high:
-        raise ValueError(f"low must be below high, got low={low!r}, high={high!r}")
+        raise ArgumentError(f"low must be below high, got low={low!r}, high={high!r}")
     return low, high
 
 
 def _std(std: object, positive: bool = False) -> float:
     std = _finite(std, "std")
     if std < 0 or (positive and std == 0):
-        raise ValueError(f"std must be {'positive' if positive else 'non-negative'}, got {std!r}")
+        raise ArgumentError(f"std must be {'positive' if positive else 'non-negative'}, got {std!r}")
     return std
 
 
@@ -109,14 +109,14 @@ def _is_int(value: object) -> TypeGuard[int | np.integer]:
 
 def _integer(value: object, name: str) -> int:
     if not _is_int(value):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise ArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return int(value)
 
 
 def _count(value: object, name: str) -> int:
     count = _integer(value, name)
     if count < 1:
-        raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+        raise ArgumentError(f"{name} must be an int of at least 1, got {value!r}")
     return count
 
 
@@ -163,10 +163,10 @@ class Generator:
     def __init__(self, seed: int, position: int = 0) -> None:
         seed = _integer(seed, "seed")
         if not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}; pass a non-negative 64-bit int")
+            raise ArgumentError(f"seed must be in [0, 2**64), got {seed}; pass a non-negative 64-bit int")
         position = _integer(position, "position")
         if not 0 <= position <= 2**66:
-            raise ValueError(f"position must be in [0, 2**66], got {position}; pass a generator's .position")
+            raise ArgumentError(f"position must be in [0, 2**66], got {position}; pass a generator's .position")
         self._seed = seed
         self._position = position
 
@@ -186,7 +186,7 @@ class Generator:
         """The next ``count`` words, starting on a fresh block; advances position past the blocks used."""
         first, blocks = -(-self._position // 4), -(-count // 4)
         if first + blocks > 2**64:
-            raise ValueError(f"{self!r} has run out of counters; split() it or pick another seed")
+            raise ArgumentError(f"{self!r} has run out of counters; split() it or pick another seed")
         key = (self._seed & _MASK, self._seed >> 32)
         words = np.empty((blocks, 4), dtype=np.uint32)
         for part in refmath.chunks(blocks):  # blocks are independent: chunks keep the bits
@@ -243,7 +243,7 @@ class Generator:
         edges = refmath.erf(np.array([low - mean, high - mean]) / std * math.sqrt(0.5))
         mass = float(edges[1] - edges[0]) / 2.0
         if mass < _MIN_MASS:
-            raise ValueError(
+            raise ArgumentError(
                 f"[low, high] = [{low}, {high}] holds only {mass:.3g} of normal(mean={mean}, std={std}); "
                 f"rejection needs at least {_MIN_MASS}: move the bounds toward the mean or widen them"
             )
@@ -259,7 +259,7 @@ class Generator:
         """An inverted-dropout mask: 0 where the uniform u < p, else 1 / (1 - p) (rounded once)."""
         shape, dtype, p = _shape(shape), _element(dtype), _finite(p, "p")
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability p must be in [0, 1), got {p!r}")
+            raise ArgumentError(f"dropout probability p must be in [0, 1), got {p!r}")
         u = _unit(self._words(2 * math.prod(shape)))
         return _frozen(refmath.round_once(np.where(u < p, 0.0, 1.0 / (1.0 - p)), dtype).reshape(shape))
 
@@ -271,7 +271,7 @@ class Generator:
         """
         shape, low, high = _shape(shape), _integer(low, "low"), _integer(high, "high")
         if not (-(2**63) <= low < high <= 2**63 and high - low <= 2**53):
-            raise ValueError(
+            raise ArgumentError(
                 f"integers needs low < high within int64 and high - low <= 2**53, got low={low}, high={high}"
             )
         u = _unit(self._words(2 * math.prod(shape)))
@@ -320,7 +320,13 @@ class Initializer:
 
     def __call__(self, generator: Generator, shape: Shape, dtype: DTypeLike = float32) -> np.ndarray:
         if not isinstance(generator, Generator):
-            raise TypeError(f"{self!r} takes a topos.init.Generator first, got {type(generator).__name__}")
+            swapped = isinstance(shape, Generator)
+            raise ArgumentError(
+                f"{self!r} takes a topos.init.Generator first, got {type(generator).__name__} {generator!r}"
+                + ("; the arguments are swapped: the generator comes first, then the shape: "
+                   if swapped else "; call it as ")
+                + "initializer(generator, shape, dtype)"
+            )
         return self._draw(generator, _shape(shape), _element(dtype))
 
     def __repr__(self) -> str:
@@ -392,7 +398,7 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
         slope = 0.01 if param is None else _finite(param, "param (the negative slope)")
         return math.sqrt(2.0 / (1 + slope * slope))
     if nonlinearity not in _GAINS:
-        raise ValueError(f"unknown nonlinearity {nonlinearity!r}; use one of {', '.join(_NONLINEARITIES)}")
+        raise ArgumentError(f"unknown nonlinearity {nonlinearity!r}; use one of {', '.join(_NONLINEARITIES)}")
     return _GAINS[nonlinearity]
 
 
@@ -420,7 +426,7 @@ def xavier_normal(gain: float = 1.0) -> Initializer:
 def _kaiming(name: str, a: float, mode: str, nonlinearity: str, sample: str) -> Initializer:
     a = _finite(a, "a")
     if mode not in ("fan_in", "fan_out"):
-        raise ValueError(f"unknown mode {mode!r}; use 'fan_in' or 'fan_out'")
+        raise ArgumentError(f"unknown mode {mode!r}; use 'fan_in' or 'fan_out'")
     gain = calculate_gain(nonlinearity, a)
 
     def draw(g: Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

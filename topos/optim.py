@@ -41,9 +41,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from topos import DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
+from topos import ArgumentError, DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
 from topos.copies import own
 from topos.element import convert, short_name
+from topos.nn.arguments import real
 from topos.provenance import user_site
 
 
@@ -97,10 +98,18 @@ class Optimizer:
 
     def __init__(self, lr: float, weight_decay: float = 0.0, decay: Callable[[str], bool] | None = None, *,
                  prefix: str = "optim"):
-        if not lr > 0:
-            raise ValueError(f"{type(self).__name__}: the learning rate must be positive, got {lr!r}")
-        if weight_decay < 0:
-            raise ValueError(f"{type(self).__name__}: weight_decay must be >= 0, got {weight_decay!r}")
+        owner = type(self).__name__
+        lr = _rate(owner, lr)
+        weight_decay = real(owner, "weight_decay", weight_decay, low=0.0)
+        if decay is not None and not callable(decay):
+            raise ArgumentError(
+                f"{owner}: decay must be a function of a parameter's name (e.g. lambda name: not "
+                f"name.endswith('bias')), got {type(decay).__name__} {decay!r}"
+            )
+        if not isinstance(prefix, str) or not prefix or prefix.startswith("%") or any(c.isspace() for c in prefix):
+            raise ArgumentError(
+                f"{owner}: prefix must be a non-empty name without whitespace (e.g. 'optim'), got {prefix!r}"
+            )
         self.lr, self.weight_decay, self.prefix = lr, weight_decay, prefix
         self._decay = decay or (lambda name: True)
         self._rates: dict = {}
@@ -163,7 +172,7 @@ class Optimizer:
         state = self.init(parameters) if state is None else state
         dtypes = _dtypes(parameters)
         _check_state(self, state, parameters, dtypes)
-        rate = self.lr if lr is None else lr
+        rate = self.lr if lr is None else _rate(f"{type(self).__name__}.step", lr)
         rates = {d: Eager(convert(rate, d)) for d in dtypes}
         steps = {d: Eager(state[self._group_name("step", d, dtypes)]) for d in dtypes} if self.counts_steps else {}
         slots = []
@@ -191,6 +200,7 @@ class Optimizer:
         if not pairs:
             raise DifferentiationError(f"{type(self).__name__}.record: the adjoints cover no parameter")
         tape = pairs[0][0].tape
+        self._check_names_free(tape)
         for parameter, _ in pairs:
             if not parameter.trainable:
                 raise DifferentiationError(
@@ -218,6 +228,18 @@ class Optimizer:
             updates.extend((buffers[b], new_buffers[b]) for b in self.buffers)
         updates.extend((steps[d], new_steps[d]) for d in new_steps)
         return Updates(updates)
+
+    def _check_names_free(self, tape) -> None:
+        """Refuse a second recording of optimizer state under one prefix: the names would clash at sealing."""
+        taken = [name for name in tape._names.values() if name.startswith(f"{self.prefix}.")]
+        if taken:
+            raise SymbolError(
+                f"{user_site()}: {type(self).__name__}.record: this recording already holds optimizer state named "
+                f"{taken[0]!r} (an optimizer with prefix={self.prefix!r} was recorded on it before); record one "
+                "optimizer over all the parameters (differentiate with respect to every module's parameters), "
+                f"or build the second optimizer with another prefix, e.g. {type(self).__name__}(..., "
+                f"prefix='{self.prefix}2')"
+            )
 
     @property
     def learning_rate(self):
@@ -257,10 +279,9 @@ class SGD(Optimizer):
     def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
                  decay=None, *, prefix: str = "optim"):
         super().__init__(lr, weight_decay, decay, prefix=prefix)
-        if momentum < 0:
-            raise ValueError(f"SGD: momentum must be >= 0, got {momentum!r}")
+        momentum = real("SGD", "momentum", momentum, low=0.0)
         if nesterov and momentum == 0:
-            raise ValueError("SGD: Nesterov momentum needs momentum > 0")
+            raise ArgumentError("SGD: Nesterov momentum needs momentum > 0; pass momentum=0.9, say, or nesterov=False")
         self.momentum, self.nesterov = momentum, nesterov
         self.buffers = ("momentum_buffer",) if momentum else ()
 
@@ -289,10 +310,19 @@ class Adam(Optimizer):
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, decay=None, *, prefix: str = "optim"):
         super().__init__(lr, weight_decay, decay, prefix=prefix)
-        beta1, beta2 = betas
-        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
-            raise ValueError(f"{type(self).__name__}: betas must lie in [0, 1), got {betas!r}")
-        self.betas, self.eps = (beta1, beta2), eps
+        owner = type(self).__name__
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ArgumentError(
+                f"{owner}: betas must be a pair (beta1, beta2) of numbers in [0, 1), e.g. (0.9, 0.999), got "
+                f"{betas!r}" + ("; pass it as betas=(...) (the second positional argument is betas)"
+                                if not isinstance(betas, (tuple, list)) else "")
+            )
+        try:
+            beta1, beta2 = (real(owner, f"betas[{i}]", b, low=0.0, high=1.0, high_open=True)
+                            for i, b in enumerate(betas))
+        except ArgumentError:
+            raise ArgumentError(f"{owner}: betas must lie in [0, 1) and be finite, got {betas!r}") from None
+        self.betas, self.eps = (beta1, beta2), real(owner, "eps", eps, low=0.0, low_open=True)
 
     def prepare(self, rate, step):
         beta1, beta2 = self.betas
@@ -363,18 +393,49 @@ def _aligned_gradients(parameters: Parameters, gradients) -> Parameters:
     return gradients
 
 
+def _rate(owner: str, lr) -> float:
+    """A learning rate: a finite number > 0 (inf, nan, a string or None would train to garbage or crash)."""
+    try:
+        return real(owner, "lr", lr, low=0.0, low_open=True)
+    except ArgumentError:
+        raise ArgumentError(
+            f"{owner}: the learning rate lr must be positive and finite (a number such as 1e-3), got "
+            f"{type(lr).__name__} {lr!r}"
+        ) from None
+
+
 def _check_state(optimizer: Optimizer, state, parameters: Parameters, dtypes) -> None:
     if not isinstance(state, OptimizerState):
         raise FeedError(
             f"{user_site()}: the optimizer state must come from optimizer.init or step, got {type(state).__name__}"
         )
     expected = optimizer.layout(parameters)
-    if set(expected) != set(state) or any(expected[n][0] != state[n].shape for n in expected):
+    arrays = state._arrays
+    missing = [n for n in expected if n not in arrays]
+    extra = [n for n in arrays if n not in expected]
+    reshaped = [f"{n}: {list(arrays[n].shape)}, these parameters need {list(expected[n][0])}"
+                for n in expected if n in arrays and arrays[n].shape != expected[n][0]]
+    if missing or extra or reshaped:
+        problems = (["missing: " + _listed(missing)] if missing else []) + (
+            ["not for these parameters: " + _listed(extra)] if extra else []) + reshaped[:8] + (
+            [f"... and {len(reshaped) - 8} more of another shape"] if len(reshaped) > 8 else [])
         raise SymbolError(
             f"{user_site()}: this {type(optimizer).__name__} state was made for other parameters "
-            f"(it has {len(state)} entries, these parameters need {len(expected)}); "
-            "start from optimizer.init(parameters)"
+            f"(it has {len(state)} entries, these parameters need {len(expected)}):\n  " + "\n  ".join(problems)
+            + "\n  start from optimizer.init(parameters), or load the state that was saved with them"
         )
+    retyped = [f"{n}: {arrays[n].dtype}, the parameters need {expected[n][1]}"
+               for n in expected if arrays[n].dtype != expected[n][1]]
+    if retyped:
+        raise FeedError(
+            f"{user_site()}: this {type(optimizer).__name__} state holds entries of another element type than "
+            "the parameters:\n  " + "\n  ".join(retyped[:8]) + "\n  start from optimizer.init(parameters), or "
+            "convert the state to the parameters' element type (optimizer.state_from checks it)"
+        )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f", ... ({len(names) - 8} more)" if len(names) > 8 else "")
 
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerState"]

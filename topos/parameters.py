@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .copies import own
-from .element import convert, host_array
-from .errors import FeedError, SymbolError
+from .element import convert, host_array, is_element
+from .errors import ArgumentError, FeedError, SymbolError
 from .symbol import Family, Symbol
 
 
@@ -182,9 +182,14 @@ class Parameters:
         example ``g1.zip(g2, g3, lambda a, b, c: (a + b + c) / 3)`` to
         average the gradients of three micro-batches).
         """
+        if not tables_then_fn:
+            raise ArgumentError("zip takes the tables first and the function last: a.zip(b, fn); no function was given")
         *others, fn = tables_then_fn
         if not callable(fn):
-            raise TypeError("zip takes the tables first and the function last: a.zip(b, fn)")
+            raise ArgumentError(
+                f"zip takes the tables first and the function last: a.zip(b, fn); the last argument is a "
+                f"{type(fn).__name__}, not a function"
+            )
         for other in others:
             self._aligned(other)
         rows = zip(self._arrays, *(o._arrays for o in others))
@@ -200,7 +205,8 @@ class Parameters:
     def __mul__(self, scalar) -> Parameters:
         if isinstance(scalar, Parameters):
             return self.zip(scalar, lambda a, b: a * b)
-        return self.map(lambda a: a * scalar)
+        number = _number(scalar, "*")
+        return self.map(lambda a: a * number)
 
     __rmul__ = __mul__
 
@@ -208,7 +214,8 @@ class Parameters:
         return self.zip(other, lambda a, b: a - b)
 
     def __truediv__(self, scalar) -> Parameters:
-        return self.map(lambda a: a / scalar)
+        number = _number(scalar, "/")
+        return self.map(lambda a: a / number)
 
     def with_payloads(self, pairs) -> Parameters:
         """A new table with some slots replaced, by Symbol or by name (shape and element type checked)."""
@@ -224,6 +231,18 @@ class Parameters:
             raise SymbolError("carried: the network belongs to another tape family")
         mine = dict(zip((s.index for s in self._symbols), self._arrays))
         return fresh._like([(s, mine.get(s.index, a)) for s, a in zip(fresh._symbols, fresh._arrays)])
+
+
+def _number(scalar, operator: str):
+    """The scalar of ``table * scalar`` or ``table / scalar``: a real number, else an ArgumentError."""
+    array = np.asarray(scalar) if isinstance(scalar, (int, float, np.generic, np.ndarray)) else None
+    if (isinstance(scalar, (bool, np.bool_)) or array is None or array.ndim != 0
+            or not (array.dtype.kind in "iuf" or is_element(array.dtype))):
+        raise ArgumentError(
+            f"Parameters {operator} takes a number{' or a table over the same slots' if operator == '*' else ''}, got "
+            f"{type(scalar).__name__} {scalar!r}; use .map(fn) or .zip(other, fn) for anything else"
+        )
+    return scalar
 
 
 def by_names(table: Parameters, source, strict: bool) -> Parameters:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .copies import is_splat, splat, splat_element
 from .element import Selection, SelectionType, is_element, short_name
-from .errors import RecordingError, SealedError, ShapeError, SymbolError
+from .errors import DifferentiationError, RecordingError, SealedError, ShapeError, SymbolError
 from .opcodes import Opcode, Refusal, Spec, by_name
 from .provenance import Site, user_site
 from .recordable import Recordable
@@ -209,10 +209,11 @@ class Tape:
                 raise ShapeError(
                     f"{user_site()}: input: give a default, or shape= with dtype= (or extent= for indices)"
                 )
+            shape = _declared_shape(shape)
             if extent is not None:
-                default = Selection(np.zeros(tuple(shape), np.int64), int(extent))
+                default = Selection(np.zeros(shape, np.int64), int(extent))
             else:
-                default = np.zeros(tuple(shape), np.float32 if dtype is None else dtype)
+                default = np.zeros(shape, np.float32 if dtype is None else dtype)
             required = True if required is None else required
         elif shape is not None or dtype is not None or extent is not None:
             raise ShapeError(f"{user_site()}: input: give either a default or shape/dtype/extent, not both")
@@ -268,7 +269,7 @@ class Tape:
         """
         from .differentiate import record_vjp
 
-        return record_vjp(self, loss, None, list(wrt), require_scalar=True)
+        return record_vjp(self, loss, None, _wrt_list(wrt, "differentiate"), require_scalar=True)
 
     def vjp(self, target, seed, wrt):
         """Append the vector-Jacobian product seed^T * d target / d wrt -> Adjoints.
@@ -279,7 +280,7 @@ class Tape:
         """
         from .differentiate import record_vjp
 
-        return record_vjp(self, target, seed, list(wrt), require_scalar=False)
+        return record_vjp(self, target, seed, _wrt_list(wrt, "vjp"), require_scalar=False)
 
     # -- introspection ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -396,6 +397,45 @@ def _check_unique_names(tape) -> None:
                 "in one parent Module so their paths differ, or pass distinct name= arguments"
             )
         seen[name] = index
+
+
+def _declared_shape(shape) -> tuple[int, ...]:
+    """``input(shape=...)``'s shape as a tuple of extents >= 1, or a ShapeError naming it."""
+    extents = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        extents = tuple(extents)
+    except TypeError:
+        extents = None
+    if extents is None or not all(
+        isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)) and e >= 1 for e in extents
+    ):
+        raise ShapeError(
+            f"{user_site()}: input: shape= must be a tuple of ints, each at least 1, got {shape!r}; "
+            "every extent of a recorded tensor is fixed and positive (record one graph per shape)"
+        )
+    return tuple(int(e) for e in extents)
+
+
+def _wrt_list(wrt, method: str) -> list:
+    """``wrt`` as a list, or a DifferentiationError for the usual slips (a module, an uncalled method)."""
+    if hasattr(wrt, "parameters") and callable(wrt.parameters) and hasattr(wrt, "named_parameters"):
+        raise DifferentiationError(
+            f"{user_site()}: {method}: wrt is the module {type(wrt).__name__} itself; pass its parameters, "
+            "module.parameters() (call it)"
+        )
+    if callable(wrt):
+        owner = getattr(getattr(wrt, "__self__", None), "__class__", None)
+        called = f"{owner.__name__}.{wrt.__name__}()" if owner is not None and hasattr(wrt, "__name__") else "it"
+        raise DifferentiationError(
+            f"{user_site()}: {method}: wrt is a {type(wrt).__name__}, not a list of parameters; pass "
+            f"{called} (call it), e.g. model.parameters()"
+        )
+    if isinstance(wrt, (str, bytes)) or not hasattr(wrt, "__iter__") or isinstance(wrt, Value):
+        raise DifferentiationError(
+            f"{user_site()}: {method}: wrt must be a list of parameters or inputs (Values or Symbols), got "
+            f"{type(wrt).__name__}" + ("; wrap one in a list: [w]" if isinstance(wrt, Value) else "")
+        )
+    return list(wrt)
 
 
 def _freeze(value):

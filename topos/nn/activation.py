@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from topos import Recordable, ShapeError
+from topos import ArgumentError, Recordable, ShapeError
 from topos.provenance import user_site
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -40,18 +40,23 @@ def silu(x: Recordable) -> Recordable:
     return x / ((-x).exp() + 1.0)
 
 
+def check_approximate(owner: str, approximate: object) -> str:
+    """GELU's ``approximate``: ``"none"`` or ``"tanh"``, else an ArgumentError."""
+    if approximate not in ("none", "tanh"):
+        raise ArgumentError(f"{owner}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
 def gelu(x: Recordable, approximate: str = "none") -> Recordable:
     """GELU: exact ``x * (1 + erf(x / sqrt 2)) / 2``, or with ``approximate="tanh"`` GPT-2's form.
 
     The tanh form is ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``,
     with the cube spelled ``x * x * x``.
     """
-    if approximate == "none":
+    if check_approximate("gelu", approximate) == "none":
         return x.gelu()
-    if approximate == "tanh":
-        inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
-        return x * 0.5 * (inner.tanh() + 1.0)
-    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+    return x * 0.5 * (inner.tanh() + 1.0)
 
 
 def softmax(x: Recordable, axis: int = -1) -> Recordable:
@@ -68,4 +73,4 @@ def dropout(x: Recordable, mask: Recordable) -> Recordable:
     return x * mask
 
 
-__all__ = ["dropout", "gelu", "log_softmax", "relu", "resolve_axis", "sigmoid", "silu", "softmax"]
+__all__ = ["check_approximate", "dropout", "gelu", "log_softmax", "relu", "resolve_axis", "sigmoid", "silu", "softmax"]

@@ -34,12 +34,7 @@ from collections.abc import Sequence
 
 from topos import Recordable, ShapeError
 
-
-def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-    return pair
+from . import arguments
 
 
 def _windows(x: Recordable, size: tuple[int, int], stride: tuple[int, int]) -> Recordable:
@@ -75,8 +70,8 @@ def conv2d(
         )
     if bias is not None and tuple(bias.shape) != (filters,):
         raise ShapeError(f"conv2d: bias {list(bias.shape)} should be [{filters}], one per filter")
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
+    sh, sw = arguments.sizes("conv2d", "stride", stride, 2)
+    ph, pw = arguments.sizes("conv2d", "padding", padding, 2, least=0)
     if ph:
         x = x.pad(2, ph, height + 2 * ph)
     if pw:
@@ -99,7 +94,8 @@ def max_pool(x: Recordable, size: int, stride: int | None = None) -> Recordable:
     """
     if len(x.shape) != 4:
         raise ShapeError(f"max_pool: input {list(x.shape)} must be rank 4 [batch, channels, height, width]")
-    step = size if stride is None else stride
+    size = arguments.size("max_pool", "size", size)
+    step = size if stride is None else arguments.size("max_pool", "stride", stride)
     windows = _windows(x, (size, size), (step, step))
     batch, channels, oh, _, ow, _ = windows.shape
     lanes = windows.permute((0, 1, 2, 4, 3, 5)).reshape((batch, channels, oh, ow, size * size))

@@ -14,16 +14,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from topos import SelectionType, ShapeError, Tape, Value
+from topos import ArgumentError, SelectionType, ShapeError, Tape, Value
 from topos import init as initializers
 from topos.provenance import user_site
 
 from . import functional as F
+from .activation import check_approximate
+from .arguments import element, initial, real, size, size_list, sizes
 from .module import Buffer, Module, Parameter, Sequential, training_reading
 
 
-def _generator(generator):
-    return Tape.current().generator if generator is None else generator
+def _generator(owner: str, generator):
+    if generator is None:
+        return Tape.current().generator
+    if not isinstance(generator, initializers.Generator):
+        raise ArgumentError(
+            f"{owner}: generator must be a topos.init.Generator (or None for the recording's), "
+            f"got {type(generator).__name__}"
+        )
+    return generator
 
 
 def _fan_in_uniform(fan_in: int):
@@ -32,17 +41,26 @@ def _fan_in_uniform(fan_in: int):
     return initializers.uniform(-bound, bound)
 
 
+def _eps(owner: str, eps) -> float:
+    """A normalization's eps: a finite number >= 0 (PyTorch allows 0); a negative one gives NaN."""
+    return real(owner, "eps", eps, low=0.0)
+
+
 class Linear(Module):
     """``y = x @ weight.T + bias``; ``weight`` is ``[out_features, in_features]``, ``bias`` ``[out_features]``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype=np.float32,
                  init=None, bias_init=None, generator=None):
         super().__init__()
-        g = _generator(generator)
-        self.in_features, self.out_features, self.dtype = in_features, out_features, np.dtype(dtype)
+        owner = type(self).__name__
+        in_features, out_features = size(owner, "in_features", in_features), size(owner, "out_features", out_features)
+        dtype = element(owner, dtype)
+        g = _generator(owner, generator)
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         default = _fan_in_uniform(in_features)
-        self.weight = Parameter((init or default)(g, (out_features, in_features), dtype))
-        self.bias = Parameter((bias_init or default)(g, (out_features,), dtype)) if bias else None
+        self.weight = Parameter(initial(f"{owner}.weight", init or default, g, (out_features, in_features), dtype))
+        self.bias = (Parameter(initial(f"{owner}.bias", bias_init or default, g, (out_features,), dtype))
+                     if bias else None)
 
     def forward(self, x):
         self.check_input(x, self.in_features, dtype=self.dtype)
@@ -71,7 +89,7 @@ class GELU(Module):
 
     def __init__(self, approximate: str = "none"):
         super().__init__()
-        self.approximate = approximate
+        self.approximate = check_approximate(type(self).__name__, approximate)
 
     def forward(self, x):
         return F.gelu(x, self.approximate)
@@ -100,11 +118,9 @@ class Mlp(Sequential):
     """
 
     def __init__(self, sizes: Sequence[int], activation: str = "tanh", **linear_options):
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"Mlp: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        sizes = list(sizes)
-        if len(sizes) < 2:
-            raise ValueError(f"Mlp needs at least two sizes (inputs and outputs), got {sizes}")
+        if not isinstance(activation, str) or activation not in _ACTIVATIONS:
+            raise ArgumentError(f"Mlp: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        sizes = size_list("Mlp", "sizes", sizes)
         layers: list[Module] = []
         for position, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
             if position:
@@ -119,9 +135,13 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, *, dtype=np.float32, init=None,
                  generator=None):
         super().__init__()
+        owner = type(self).__name__
+        num_embeddings = size(owner, "num_embeddings", num_embeddings)
+        embedding_dim = size(owner, "embedding_dim", embedding_dim)
+        dtype = element(owner, dtype)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        initial = (init or initializers.normal(0.0, 1.0))(_generator(generator), (num_embeddings, embedding_dim), dtype)
-        self.weight = Parameter(initial)
+        self.weight = Parameter(initial(f"{owner}.weight", init or initializers.normal(0.0, 1.0),
+                                        _generator(owner, generator), (num_embeddings, embedding_dim), dtype))
 
     def forward(self, indices):
         if not isinstance(indices, Value) or not isinstance(indices.dtype, SelectionType):
@@ -146,13 +166,20 @@ class Conv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  bias: bool = True, *, dtype=np.float32, init=None, bias_init=None, generator=None):
         super().__init__()
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        owner = type(self).__name__
+        in_channels, out_channels = size(owner, "in_channels", in_channels), size(owner, "out_channels", out_channels)
+        kh, kw = sizes(owner, "kernel_size", kernel_size, 2)
+        sizes(owner, "stride", stride, 2)
+        sizes(owner, "padding", padding, 2, least=0)
+        dtype = element(owner, dtype)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
-        self.stride, self.padding, self.dtype = stride, padding, np.dtype(dtype)
-        g = _generator(generator)
+        self.stride, self.padding, self.dtype = stride, padding, dtype
+        g = _generator(owner, generator)
         default = _fan_in_uniform(in_channels * kh * kw)
-        self.weight = Parameter((init or default)(g, (out_channels, in_channels, kh, kw), dtype))
-        self.bias = Parameter((bias_init or default)(g, (out_channels,), dtype)) if bias else None
+        self.weight = Parameter(initial(f"{owner}.weight", init or default, g, (out_channels, in_channels, kh, kw),
+                                        dtype))
+        self.bias = (Parameter(initial(f"{owner}.bias", bias_init or default, g, (out_channels,), dtype))
+                     if bias else None)
 
     def forward(self, x):
         self.check_input(x, self.in_channels, axis=1, rank=(4,), what="channels", dtype=self.dtype)
@@ -168,7 +195,9 @@ class MaxPool2d(Module):
 
     def __init__(self, kernel_size: int, stride: int | None = None):
         super().__init__()
-        self.kernel_size, self.stride = kernel_size, stride
+        owner = type(self).__name__
+        self.kernel_size = size(owner, "kernel_size", kernel_size)
+        self.stride = None if stride is None else size(owner, "stride", stride)
 
     def forward(self, x):
         return F.max_pool(x, self.kernel_size, self.stride)
@@ -181,14 +210,22 @@ class Flatten(Module):
     """Every axis after the first into one: ``[N, C, H, W]`` -> ``[N, C*H*W]``."""
 
     def forward(self, x):
+        self.check_input(x, None)
+        if x.ndim < 2:
+            raise ShapeError(
+                f"{self._label()} takes an input of rank 2 or more ([batch, ...]) and keeps the first axis, "
+                f"got {list(x.shape)}; reshape it to [1, ...] for a batch of one, or leave out the Flatten"
+            )
         return x.reshape((x.shape[0], -1))
 
 
-def _affine(features: int, dtype, weight: bool, bias: bool, init, bias_init, generator):
+def _affine(owner: str, features: int, dtype, weight: bool, bias: bool, init, bias_init, generator):
     """A normalization's scale (ones by default) and shift (zeros) as Parameters, or None where absent."""
-    g = _generator(generator)
-    scale = Parameter((init or initializers.ones())(g, (features,), dtype)) if weight else None
-    shift = Parameter((bias_init or initializers.zeros())(g, (features,), dtype)) if bias else None
+    g = _generator(owner, generator)
+    scale = (Parameter(initial(f"{owner}.weight", init or initializers.ones(), g, (features,), dtype))
+             if weight else None)
+    shift = (Parameter(initial(f"{owner}.bias", bias_init or initializers.zeros(), g, (features,), dtype))
+             if bias else None)
     return scale, shift
 
 
@@ -218,8 +255,11 @@ class BatchNorm(Module):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True, *,
                  dtype=np.float32, init=None, bias_init=None, generator=None):
         super().__init__()
-        self.num_features, self.eps, self.momentum, self.dtype = num_features, eps, momentum, np.dtype(dtype)
-        self.weight, self.bias = _affine(num_features, dtype, affine, affine, init, bias_init, generator)
+        owner = type(self).__name__
+        num_features, eps, dtype = size(owner, "num_features", num_features), _eps(owner, eps), element(owner, dtype)
+        momentum = real(owner, "momentum", momentum, low=0.0, high=1.0)
+        self.num_features, self.eps, self.momentum, self.dtype = num_features, eps, momentum, dtype
+        self.weight, self.bias = _affine(owner, num_features, dtype, affine, affine, init, bias_init, generator)
         self.running_mean = Buffer(np.zeros(num_features, dtype))
         self.running_var = Buffer(np.ones(num_features, dtype))
 
@@ -231,9 +271,15 @@ class BatchNorm(Module):
         shift = self.bias if self.bias is not None else rows.tape.leaf(np.zeros(self.num_features, self.dtype))
         if not training:
             return restore(F.batch_norm_inference(rows, self.running_mean, self.running_var, scale, shift, self.eps))
-        out, mean, variance = F.batch_norm(rows, scale, shift, self.eps)
         count = rows.shape[0]
-        unbiased = variance * (count / (count - 1)) if count > 1 else variance
+        if count == 1:  # the batch variance of one value is 0: the output would be zeros, running_var pulled to 0
+            raise ShapeError(
+                f"{self._label()} in training needs more than one value per channel, but the input "
+                f"{list(x.shape)} has one; train on a batch of 2 or more, or read it for inference "
+                "(training=False, or inside `with nn.inference():`)"
+            )
+        out, mean, variance = F.batch_norm(rows, scale, shift, self.eps)
+        unbiased = variance * (count / (count - 1))
         keep = 1.0 - self.momentum
         self.record_update(self.running_mean, self.running_mean * keep + mean * self.momentum)
         self.record_update(self.running_var, self.running_var * keep + unbiased * self.momentum)
@@ -249,14 +295,19 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, *, dtype=np.float32, init=None, bias_init=None, generator=None):
         super().__init__()
-        if not isinstance(normalized_shape, int):
-            shape = tuple(normalized_shape)
-            if len(shape) != 1:
-                raise ValueError(f"LayerNorm normalizes the last axis; normalized_shape {shape} has more than one")
-            normalized_shape = shape[0]
-        self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, np.dtype(dtype)
-        self.weight, self.bias = _affine(normalized_shape, dtype, elementwise_affine, elementwise_affine and bias,
-                                         init, bias_init, generator)
+        owner = type(self).__name__
+        if isinstance(normalized_shape, (tuple, list)):
+            if len(normalized_shape) != 1:
+                raise ArgumentError(
+                    f"{owner} normalizes the last axis; normalized_shape {tuple(normalized_shape)} has "
+                    f"{len(normalized_shape)} extents, give one (the size of the last axis)"
+                )
+            normalized_shape = normalized_shape[0]
+        normalized_shape = size(owner, "normalized_shape", normalized_shape)
+        eps, dtype = _eps(owner, eps), element(owner, dtype)
+        self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, dtype
+        self.weight, self.bias = _affine(owner, normalized_shape, dtype, elementwise_affine,
+                                         elementwise_affine and bias, init, bias_init, generator)
 
     def forward(self, x):
         self.check_input(x, self.normalized_shape, dtype=self.dtype)
@@ -272,8 +323,11 @@ class RmsNorm(Module):
     def __init__(self, normalized_shape: int, eps: float | None = None, elementwise_affine: bool = True, *,
                  dtype=np.float32, init=None, generator=None):
         super().__init__()
-        self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, np.dtype(dtype)
-        self.weight, _ = _affine(normalized_shape, dtype, elementwise_affine, False, init, None, generator)
+        owner = type(self).__name__
+        normalized_shape = size(owner, "normalized_shape", normalized_shape)
+        eps, dtype = None if eps is None else _eps(owner, eps), element(owner, dtype)
+        self.normalized_shape, self.eps, self.dtype = normalized_shape, eps, dtype
+        self.weight, _ = _affine(owner, normalized_shape, dtype, elementwise_affine, False, init, None, generator)
 
     def forward(self, x):
         self.check_input(x, self.normalized_shape, dtype=self.dtype)
@@ -296,9 +350,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1), got {p!r}")
-        self.p = p
+        self.p = real(type(self).__name__, "p", p, low=0.0, high=1.0, high_open=True)
 
     def forward(self, x):
         key = "mask" if not self._inputs else f"mask.{len(self._inputs)}"
@@ -338,11 +390,18 @@ class MultiHeadAttention(Module):
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, dtype=np.float32, init=None,
                  generator=None):
         super().__init__()
+        owner = type(self).__name__
+        embed_dim, num_heads = size(owner, "embed_dim", embed_dim), size(owner, "num_heads", num_heads)
         if embed_dim % num_heads:
-            raise ValueError(f"MultiHeadAttention: embed_dim {embed_dim} is not divisible by {num_heads} heads")
-        g = _generator(generator)
-        self.embed_dim, self.num_heads, self.dtype = embed_dim, num_heads, np.dtype(dtype)
-        self.in_proj_weight = Parameter((init or initializers.xavier_uniform())(g, (3 * embed_dim, embed_dim), dtype))
+            raise ArgumentError(
+                f"{owner}: embed_dim {embed_dim} is not divisible by {num_heads} heads; pick num_heads "
+                f"among the divisors of {embed_dim}"
+            )
+        dtype = element(owner, dtype)
+        g = _generator(owner, generator)
+        self.embed_dim, self.num_heads, self.dtype = embed_dim, num_heads, dtype
+        self.in_proj_weight = Parameter(initial(f"{owner}.in_proj_weight", init or initializers.xavier_uniform(), g,
+                                                (3 * embed_dim, embed_dim), dtype))
         self.in_proj_bias = Parameter(np.zeros(3 * embed_dim, dtype)) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias, dtype=dtype, generator=g,
                                bias_init=initializers.zeros())

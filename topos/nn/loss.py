@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topos import Recordable, SelectionType, ShapeError
+from topos import ArgumentError, Recordable, SelectionType, ShapeError
 from topos.provenance import user_site
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -18,7 +18,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        raise ArgumentError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
 def cross_entropy(logits: Recordable, target: Recordable, reduction: str = "mean",

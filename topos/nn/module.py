@@ -30,7 +30,7 @@ from typing import cast
 
 import numpy as np
 
-from topos import RecordingError, ShapeError, Tape, Updates, Value
+from topos import ArgumentError, RecordingError, ShapeError, Tape, Updates, Value
 from topos.provenance import user_site
 
 
@@ -237,6 +237,13 @@ class Module:
 
     def dropout_feeds(self, generator) -> dict:
         """Fresh masks for every Dropout in this tree: {mask input Symbol: array} to merge into feeds."""
+        from topos.init import Generator
+
+        if not isinstance(generator, Generator):
+            raise ArgumentError(
+                f"{type(self).__name__}.dropout_feeds: pass a topos.init.Generator (e.g. "
+                f"topos.init.Generator(seed)), got {type(generator).__name__} {generator!r}"
+            )
         feeds: dict = {}
         for module in self.modules():
             feeds.update(module.mask_feeds(generator))
@@ -259,7 +266,9 @@ class Module:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} defines no forward")
+        raise NotImplementedError(
+            f"{type(self).__name__} defines no forward(); define forward(self, ...) to say what calling it records"
+        )
 
     # -- checks facades share --------------------------------------------------------------
     def check_input(self, x, features: int | None, axis: int = -1, rank: tuple[int, ...] | None = None,
@@ -357,7 +366,10 @@ class ModuleList(Module):
 
     def append(self, module: Module) -> ModuleList:
         if not isinstance(module, Module):
-            raise TypeError(f"{type(self).__name__} holds modules; item {len(self)} is a {type(module).__name__}")
+            raise ArgumentError(
+                f"{type(self).__name__} holds modules; item {len(self)} is a {type(module).__name__}; "
+                "build it as a Module (nn.Linear(...), or a subclass of nn.Module) first"
+            )
         setattr(self, str(len(self._children)), module)
         return self
 
@@ -365,7 +377,21 @@ class ModuleList(Module):
         return len(self._children)
 
     def __getitem__(self, position: int) -> Module:
-        return list(self._children.values())[position]
+        children = list(self._children.values())
+        if isinstance(position, slice):
+            return children[position]
+        if not isinstance(position, (int, np.integer)) or isinstance(position, (bool, np.bool_)):
+            raise ArgumentError(
+                f"{type(self).__name__} is indexed by int positions, got {type(position).__name__} {position!r}"
+                + (f"; use [{int(position)}]" if isinstance(position, str) and position.isdigit() else "")
+            )
+        if not -len(children) <= position < len(children):
+            raise IndexError(
+                f"{type(self).__name__} has {len(children)} module{'s' if len(children) != 1 else ''}; "
+                f"position {position} is out of range (use 0..{len(children) - 1}, or negative from the end)"
+                if children else f"{type(self).__name__} is empty; position {position} is out of range"
+            )
+        return children[position]
 
     def __iter__(self) -> Iterator[Module]:
         return iter(list(self._children.values()))

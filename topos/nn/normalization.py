@@ -12,6 +12,8 @@ import numpy as np
 from topos import Recordable, ShapeError
 from topos.provenance import user_site
 
+from .arguments import real
+
 
 def linear(x: Recordable, weight: Recordable, bias: Recordable | None = None) -> Recordable:
     """``x @ weight.T + bias`` over the last axis of ``x`` (``weight`` is ``[out, in]``).
@@ -47,6 +49,7 @@ def _last_axis_mean(x: Recordable) -> Recordable:
 def layer_norm(x: Recordable, weight: Recordable | None = None, bias: Recordable | None = None,
                eps: float = 1e-5) -> Recordable:
     """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance)."""
+    eps = real("layer_norm", "eps", eps, low=0.0)
     centered = x - _last_axis_mean(x)
     y = centered / (_last_axis_mean(centered * centered) + eps).sqrt()
     if weight is not None:
@@ -62,8 +65,7 @@ def rms_norm(x: Recordable, weight: Recordable | None = None, eps: float | None 
     ``eps`` defaults to the machine epsilon of the element type, as
     ``torch.nn.RMSNorm`` does.
     """
-    if eps is None:
-        eps = float(ml_dtypes.finfo(x.dtype).eps)
+    eps = float(ml_dtypes.finfo(x.dtype).eps) if eps is None else real("rms_norm", "eps", eps, low=0.0)
     y = x / (_last_axis_mean(x * x) + eps).sqrt()
     return y if weight is None else y * weight.broadcast_to(x.shape)
 
