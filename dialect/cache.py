@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from topos.errors import AtTheUsersLine
+from topos.files import replacing
 
 from .targets import cpu_of, host_isa
 
@@ -138,6 +140,9 @@ class CompileCache:
         """The cached module, or None when absent, corrupt or another key's (a bad file is removed)."""
         path = self.path(entry_key)
         try:
+            if not stat.S_ISREG(path.lstat().st_mode):  # a link or a device is none of ours: /dev/zero never ends
+                self.evict(entry_key)
+                return None
             data = path.read_bytes()
         except FileNotFoundError:
             return None
@@ -165,21 +170,10 @@ class CompileCache:
         self.check()
         target = self.path(entry_key)
         try:
-            fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".partial-", suffix=".vmfb")
-        except OSError as error:
-            raise self._error("it does not take new files", error) from None
-        try:
-            with os.fdopen(fd, "wb") as handle:
+            with replacing(target) as handle:
                 handle.write(_MAGIC + entry_key.encode() + b"\n" + _digest(entry_key, payload) + payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, target)
         except OSError as error:
-            Path(temporary).unlink(missing_ok=True)
             raise self._error(f"its entry {target.name} cannot be written", error) from None
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
         return target
 
     def _error(self, problem: str, error: OSError | None = None) -> CacheError:
@@ -200,6 +194,9 @@ def cache_for(cache) -> CompileCache | None:
     if isinstance(cache, CompileCache):
         return cache
     if isinstance(cache, (str, os.PathLike)):
+        if not os.fspath(cache):  # Path("") is the working directory: entries would land beside the user's files
+            raise CacheError("cache='' is an empty path: pass a directory path, True (the default directory) "
+                             "or False (no cache)")
         return CompileCache(cache)
     raise CacheError(
         f"cache={cache!r} ({type(cache).__name__}): pass True (the default directory), False (no cache), "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from topos.copies import own
@@ -336,6 +337,12 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     """
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
+    for name, value in (("data_tiling", data_tiling), ("transient_storage", transient_storage)):
+        if value is not None and not isinstance(value, bool):  # "no" is truthy: it would switch it on
+            raise TargetError(f"{name}={value!r}: pass True, False or None (decide by size)")
+    if isinstance(frozen, bool):
+        raise FeedError(f"compile(frozen={frozen}): frozen takes the Parameters table to freeze, such as "
+                        "frozen=network.parameters() or a trained table; leave it out to pass parameters per call")
     freezing = frozen is not None
     frozen_values = frozen_values_of(plan, frozen) if freezing else None  # a wrong table fails before IREE
     store = cache_for(cache)
@@ -1012,7 +1019,7 @@ class _Input(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype  # int64 for a selection
     rows: int  # a selection's table rows, every index below it; 0 for numbers
-    number: bool  # rank 0 and not a selection: a Python float may feed it
+    number: float  # rank 0 and not a selection: a Python float within +-number may feed it; else 0.0
 
 
 @dataclass(frozen=True)
@@ -1025,6 +1032,15 @@ class _Inputs:
     defaults: tuple[tuple[int, np.ndarray], ...]  # (slot, recorded payload) of each input that need not be fed
 
 
+def _largest(dtype) -> float:
+    """The largest finite value of a number input's element type: a Python float beyond it goes to bind_feeds,
+    which refuses it (it would become inf)."""
+    try:
+        return float(ml_dtypes.finfo(dtype).max)
+    except ValueError:
+        return 0.0
+
+
 def _argument_inputs(network, arguments) -> _Inputs:
     by_key: dict[object, _Input] = {}
     defaults = []
@@ -1033,8 +1049,9 @@ def _argument_inputs(network, arguments) -> _Inputs:
             continue
         spec = network._specs[i]
         selection = isinstance(spec.dtype, SelectionType)
+        number = not selection and spec.shape == ()
         entry = _Input(slot, tuple(spec.shape), np.dtype(np.int64) if selection else np.dtype(spec.dtype),
-                       spec.dtype.extent if selection else 0, not selection and spec.shape == ())
+                       spec.dtype.extent if selection else 0, _largest(spec.dtype) if number else 0.0)
         by_key[network.symbol(i)] = entry
         if i in network._names:
             by_key[network._names[i]] = entry
@@ -1069,10 +1086,11 @@ def _bind_common(inputs: _Inputs, feeds) -> list | None:
                 if not rows or value.extent > rows or value.indices.shape != shape:
                     return None
                 value = value.indices
-            elif type(value) is not float or not number:
+            elif type(value) is not float or not -number <= value <= number:  # NaN, inf: bind_feeds takes them
                 return None
-            if values[slot] is None:
-                filled += 1
+            if values[slot] is not None:
+                return None  # fed twice, by its Symbol and by its name: bind_feeds says so
+            filled += 1
             values[slot] = value
     except Exception:  # no input's key, an unhashable one, feeds that are no mapping: bind_feeds says which
         return None
@@ -1433,11 +1451,19 @@ class CompiledRun:
         return f"<CompiledRun on {self._compiled.target.name}: {len(self._outputs)} results>"
 
     def _position(self, symbol) -> int:
-        i = self._compiled.plan.network.check(symbol)
+        network = self._compiled.plan.network
+        if isinstance(symbol, str):
+            from topos.run import refused_name_read
+
+            raise SymbolError(refused_name_read(network, symbol))
+        i = network.check(symbol)
         try:
             return self._compiled.results.index(i)
         except ValueError:
-            raise SymbolError(f"{symbol!r} is not a declared result of this compiled plan") from None
+            results = ", ".join(repr(network.symbol(k)) for k in self._compiled.results[:8])
+            more = f" and {len(self._compiled.results) - 8} more" if len(self._compiled.results) > 8 else ""
+            raise SymbolError(f"{symbol!r} is not a result of this compiled plan (its results: {results}{more}); "
+                              "add it to the entry's roots or observe=[...] and compile again") from None
 
     def __getitem__(self, symbol) -> np.ndarray:
         k = self._position(symbol)

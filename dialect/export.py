@@ -89,7 +89,7 @@ class ExportError(AtTheUsersLine, ValueError):
 
 def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=None, feeds=None,
                 cpu: str | None = None, force: bool = False, data_tiling: bool | None = None,
-                frozen: bool = False) -> Path:
+                frozen=False) -> Path:
     """Write the artifact of ``plan`` for ``target_name`` into ``directory`` and return its path.
 
     ``parameters`` (default: the record-site initial table) and ``feeds``
@@ -97,11 +97,20 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     ``cpu`` (llvm-cpu) defaults to ``"generic"``, LLVM's portable x86-64 or
     AArch64 baseline, because an exported module travels; ``"host"`` is
     this machine's CPU (faster, and may not run elsewhere). Other targets
-    take no cpu. ``frozen``: the parameters become module globals served
-    from ``parameters.irpa`` (see the module's docstring).
+    take no cpu. ``frozen`` (True, or a Parameters table as ``compile``
+    takes it: then it is also ``parameters``): the parameters become module
+    globals served from ``parameters.irpa`` (see the module's docstring).
     """
-    from topos import Numerics
+    from topos import Numerics, Parameters
 
+    if isinstance(frozen, Parameters):  # compile(frozen=table)'s spelling: the table is what to freeze
+        if parameters is not None and parameters is not frozen:
+            raise ExportError("export got two tables, parameters= and frozen=; pass the one to freeze "
+                              "as frozen=table (or parameters=table, frozen=True)")
+        parameters, frozen = frozen, True
+    elif not isinstance(frozen, bool):
+        raise ExportError(f"frozen={frozen!r} ({type(frozen).__name__}): pass True, False or the Parameters "
+                          "table to freeze")
     folder = Path(directory)
     _check_destination(folder, force)
     chosen = target(target_name)
@@ -146,7 +155,11 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
         manifest["frozen"] = {"file": "parameters.irpa", "scope": SCOPE, "parameters": [
             {**{f: v for f, v in _describe(network, i, k, held[i]).items() if f != "file"}, "key": key_of(network, i)}
             for k, i in enumerate(entry_parameters(plan))]}
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=_parent(folder)))
+    try:  # os.access passes for root, and says nothing of a full disk or a read-only mount
+        partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=_parent(folder)))
+    except OSError as error:
+        raise ExportError(f"cannot create files in {_parent(folder)} ({error.strerror or error}); "
+                          "choose a writable folder") from None
     try:
         partial.chmod(0o777 & ~_umask())  # what mkdir would have made; mkdtemp makes 0700
         (partial / "module.vmfb").write_bytes(vmfb)
@@ -175,6 +188,9 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
 
 
 def _check_destination(folder: Path, force: bool) -> None:
+    if folder.resolve() == Path.cwd().resolve():
+        raise ExportError(f"{str(folder)!r} is the current directory, which export cannot replace; name a new "
+                          "folder, such as 'artifact'")
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder} is a file; export writes a folder: name a new folder")
     if folder.is_dir() and any(folder.iterdir()) and not force:
@@ -201,7 +217,11 @@ def _move_into_place(partial: Path, folder: Path) -> None:
     """Rename the finished folder into place; an existing one (force) is moved aside first, then removed."""
     if folder.exists():
         aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=_parent(folder)))
-        os.replace(folder, aside / folder.name)
+        try:
+            os.replace(folder, aside / folder.name)
+        except OSError:
+            aside.rmdir()  # nothing was moved: leave no empty folder behind
+            raise
         os.replace(partial, folder)
         shutil.rmtree(aside, ignore_errors=True)
     else:

@@ -195,6 +195,21 @@ def test_rewrite_that_breaks_the_module_raises_the_iree_diagnostic():
                rewrite=lambda text: text.replace("stablehlo.tanh", "stablehlo.bogus"))
 
 
+@pytest.mark.parametrize("given, kind, fix", [
+    (lambda network, entry: entry.lower(), "Plan", r"pass plan\.entry"),
+    (lambda network, entry: entry.lower().compile(), "CompiledPlan", r"pass compiled\.plan\.entry"),
+    (lambda network, entry: network, "Network", r"network\.entry\(\[loss\]\)"),
+    (lambda network, entry: None, "NoneType", r"network\.entry\(\[loss\]\)"),
+], ids=["plan", "compiled", "network", "none"])
+def test_a_first_argument_that_is_not_an_entry_is_refused_naming_the_entry_to_pass(given, kind, fix):
+    network, s = two_branches()
+    entry = network.entry([s["loss"]])
+    words = rf"test_bisect\.py:\d+ .*bisect takes an Entry \(network\.entry\(\.\.\.\) or plan\.entry\), got {kind}; "
+    with pytest.raises(topos.PlanError, match=words + rf".*{fix}"):
+        bisect(given(network, entry), network.parameters())
+    assert bisect(entry.lower().entry, network.parameters()).ok  # the fix works
+
+
 def test_importing_bisect_and_the_cli_loads_no_mlir():
     code = ("import sys, topos, topos.bisect, topos.cli; "
             "print([m for m in sys.modules if m.startswith(('iree', 'topos.dialect'))])")

@@ -111,6 +111,38 @@ def test_a_mismatch_is_refused_even_when_not_strict(tmp_path):
         checkpoint.load(path, network, strict=False)
 
 
+def test_a_mismatch_when_not_strict_suggests_ignore_not_strict_false(tmp_path):
+    network, _ = _mlp()
+    path = tmp_path / "wrong.safetensors"
+    checkpoint.write(path, {"0.weight": np.zeros((1, 1), F32)})
+    with pytest.raises(CheckpointError, match="must match even with strict=False") as caught:
+        checkpoint.load(path, network, strict=False)
+    assert "pass strict=False" not in str(caught.value)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda path, network: checkpoint.save(path, network), r"not the Network: save\(path, network.parameters\(\)\)"),
+    (lambda path, network: checkpoint.save(None, network.parameters()), "path is a NoneType"),
+    (lambda path, network: checkpoint.save(3, network.parameters()), "path is a int"),
+    (lambda path, network: checkpoint.load(None, network), "path is a NoneType"),
+    (lambda path, network: checkpoint.load(network, path), r"the path first, then the network: load\(path, network\)"),
+    (lambda path, network: checkpoint.load(path, network.parameters()), "the Network, not its Parameters"),
+    (lambda path, network: checkpoint.load(path, "model"), "takes a Network second"),
+    # a str is a sequence of one-letter patterns: "*" alone would skip every tensor
+    (lambda path, network: checkpoint.load(path, network, ignore="*.num_batches_tracked"), "pass a list of names"),
+    (lambda path, network: checkpoint.load(path, network, ignore=None), "pass a list of names"),
+], ids=["save-network", "save-none", "save-int", "load-none", "load-swapped", "load-parameters", "load-str",
+        "ignore-str", "ignore-none"])
+def test_misplaced_arguments_are_named(tmp_path, call, match):
+    network, _ = _mlp()
+    path = tmp_path / "m.safetensors"
+    checkpoint.save(path, network.parameters())
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match=match):
+        call(path, network)
+    assert path.read_bytes() == before
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, damage):
     network, _ = _mlp()

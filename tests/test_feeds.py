@@ -222,3 +222,133 @@ def test_a_checked_selection_cannot_be_made_writeable_again():
         with pytest.raises(ValueError, match="WRITEABLE"):
             selection.indices.flags.writeable = True
     assert np.array_equal(data.indices, [[0, 1], [2, 3]])
+
+
+# ---- the feeds themselves, and what the run hands back ---------------------------------------------
+
+
+def _named_model(tape):
+    w = tape.parameter(np.ones((4, 3), F32), name="w")
+    x = tape.input(shape=(2, 4), name="x")
+    lr = tape.input(np.float32(0.5), name="lr")
+    y = (x @ w) * lr.broadcast_to((2, 3))
+    return w, x, lr, y
+
+
+@pytest.fixture
+def named():
+    network, symbols = Tape.record(_named_model)
+    return network, network.parameters(), symbols
+
+
+GOOD = np.arange(8, dtype=F32).reshape(2, 4)
+
+
+def test_an_input_fed_by_its_symbol_and_by_its_name_is_refused_naming_both(named):
+    network, parameters, (w, x, lr, y) = named
+    with pytest.raises(FeedError, match=r"input %\d+ \(x\) \(recorded at .*test_feeds\.py:\d+.*\) is fed twice, "
+                                        r"by its Symbol and by its name 'x'; feed it once"):
+        network.forward(parameters, {x: GOOD, "x": GOOD + 1})
+    assert np.array_equal(network.forward(parameters, {"x": GOOD})[x], network.forward(parameters, {x: GOOD})[x])
+
+
+@pytest.mark.parametrize("feeds", [[GOOD], GOOD, ((None, GOOD),), "x"], ids=["list", "array", "pairs", "str"])
+def test_feeds_that_are_not_a_mapping_are_refused_with_a_dict_to_pass_instead(named, feeds):
+    network, parameters, _ = named
+    with pytest.raises(FeedError, match=rf"feeds must be a dict of \{{input Symbol or name: array\}}, "
+                                        rf"got {type(feeds).__name__}; e\.g\. \{{x: batch\}}.* or \{{'x': batch\}}"):
+        network.forward(parameters, feeds)
+
+
+def test_any_mapping_is_accepted_as_feeds_and_none_means_no_feeds(named):
+    from types import MappingProxyType
+
+    network, parameters, (w, x, lr, y) = named
+    assert np.array_equal(network.forward(parameters, MappingProxyType({"x": GOOD}))[x], GOOD)
+    with pytest.raises(FeedError, match="required and was not fed"):  # None is no feeds, as before
+        network.forward(parameters, None)
+
+
+@pytest.mark.parametrize("value, shown", [(1e300, r"float 1e\+300"), (-1e39, r"float -1e\+39"),
+                                          ([[0.0, 1.0, 2.0, 3.0], [4.0, 5e38, 6.0, 7.0]],
+                                           r"list 5e\+38 at position \(1, 1\)")],
+                         ids=["float", "negative", "list"])
+def test_a_python_number_beyond_the_inputs_range_is_refused_naming_it_and_the_range(named, value, shown):
+    network, parameters, (w, x, lr, y) = named
+    symbol = lr if isinstance(value, float) else x
+    with pytest.raises(FeedError, match=rf"\(recorded at .*\) is f32, which cannot hold the fed {shown}: "
+                                        r"f32 holds magnitudes up to 3\.40282e\+38 .* become -?inf"):
+        network.forward(parameters, {x: GOOD, symbol: value})
+
+
+def test_python_numbers_in_range_and_the_ieee_specials_still_feed_a_narrower_input(named, recwarn):
+    network, parameters, (w, x, lr, y) = named
+    for value in (3.0e38, -3.0e38, 1e-50, float("inf"), float("nan"), 2):
+        got = network.forward(parameters, {x: GOOD, lr: value})[lr]
+        assert got.dtype == F32 and np.array_equal(got, np.float32(value), equal_nan=True)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("value", [True, np.True_, [[True] * 4, [False] * 4]], ids=["bool", "np.bool_", "list"])
+def test_booleans_are_refused_by_a_float_input_as_boolean_arrays_are(named, value):
+    network, parameters, (w, x, lr, y) = named
+    symbol = x if isinstance(value, list) else lr
+    with pytest.raises(FeedError, match=r"\(lr\)|\(x\)") as caught:
+        network.forward(parameters, {x: GOOD, symbol: value})
+    assert "f32" in str(caught.value) and "bool" in str(caught.value)
+    assert float(network.forward(parameters, {x: GOOD, lr: float(True)})[lr]) == 1.0
+
+
+def test_a_masked_array_is_refused_rather_than_fed_without_its_mask(named):
+    network, parameters, (w, x, lr, y) = named
+    masked = np.ma.masked_array(GOOD, mask=GOOD > 3)
+    with pytest.raises(FeedError, match=r"input %\d+ \(x\) .*masked arrays are not supported.*\.filled\(value\)"):
+        network.forward(parameters, {x: masked})
+    filled = network.forward(parameters, {x: masked.filled(0.0)})[x]
+    assert np.array_equal(filled, np.where(GOOD > 3, 0.0, GOOD).astype(F32))
+
+
+def test_parameters_of_another_recording_are_refused_with_the_way_to_move_them_over(named):
+    network, parameters, (w, x, lr, y) = named
+    again, (w2, *_) = Tape.record(_named_model)
+    trained = again.parameters().with_payloads({"w": np.full((4, 3), 2.0, F32)})
+    with pytest.raises(SymbolError, match=r"another network family \(recording the same model twice makes two "
+                                          r"networks.*network\.parameters\(\).*network\.parameters\(other_parameters\)"):
+        network.forward(trained, {x: GOOD})
+    moved = network.parameters(trained)  # the fix the message names
+    assert np.array_equal(network.forward(moved, {x: GOOD})[w], np.full((4, 3), 2.0, F32))
+
+
+def test_reading_a_run_by_name_says_runs_are_read_by_symbol(named):
+    network, parameters, (w, x, lr, y) = named
+    run = network.forward(parameters, {"x": GOOD})
+    words = (r"run\['w'\]: 'w' is a str, not a Symbol; a run is read by Symbol, not by name "
+             r"\(feeds accept names, runs do not\); read run\[network\.named\('w'\)\]")
+    with pytest.raises(SymbolError, match=words):
+        run["w"]
+    with pytest.raises(SymbolError, match=r"no parameter or input named 'y'"):
+        run["y"]
+    assert "w" not in run
+    assert np.array_equal(run[network.named("w")], run[w])
+
+
+@pytest.fixture(scope="module")
+def compiled_named():
+    pytest.importorskip("iree.runtime")
+    network, symbols = Tape.record(_named_model)
+    compiled = network.entry([symbols[3]]).lower().compile("llvm-cpu", cache=False)
+    return network, network.parameters(), symbols, compiled
+
+
+@pytest.mark.parametrize("case", [
+    "list", "array", "bool", "masked", "twice",
+    pytest.param("overflow", marks=pytest.mark.filterwarnings("error")),  # refused, not cast to inf with a warning
+])
+def test_a_compiled_plan_refuses_the_same_feeds(compiled_named, case):
+    network, parameters, (w, x, lr, y), compiled = compiled_named
+    feeds = {"list": [GOOD], "array": GOOD, "bool": {x: GOOD, lr: True},
+             "masked": {x: np.ma.masked_array(GOOD, mask=GOOD > 3)},
+             "twice": {x: GOOD, "x": GOOD + 1}, "overflow": {x: GOOD, lr: 1e300}}[case]
+    with pytest.raises(FeedError):
+        compiled.forward(parameters, feeds)
+    assert np.array_equal(compiled.forward(parameters, {x: GOOD})[y], network.forward(parameters, {x: GOOD})[y])

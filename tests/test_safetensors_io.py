@@ -383,6 +383,60 @@ def test_written_file_has_the_permissions_a_plain_open_gives(tmp_path):
     assert os.stat(tmp_path / "m.safetensors").st_mode & 0o777 == 0o640
 
 
+def test_saving_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "runs" / "latest.safetensors"
+    target.parent.mkdir()
+    safetensors_io.write(target, {"old": sample("F32")})
+    link = tmp_path / "model.safetensors"
+    link.symlink_to(target)
+    safetensors_io.write(link, {"new": sample("F64")})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert list(safetensors_io.read(target)) == ["new"]
+    assert sorted(os.listdir(target.parent)) == ["latest.safetensors"]
+
+
+def test_saving_over_a_file_keeps_its_permissions(tmp_path):
+    path = tmp_path / "private.safetensors"
+    safetensors_io.write(path, {"w": sample("F32")})
+    path.chmod(0o600)
+    safetensors_io.write(path, {"w": sample("F64")})
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write any file")
+def test_a_read_only_file_is_not_replaced(tmp_path):
+    path, old = write_old(tmp_path)
+    path.chmod(0o444)
+    with pytest.raises(CheckpointError, match=r"cannot write it \(the file is read-only\)"):
+        safetensors_io.write(path, {"new": sample("F32")})
+    assert path.read_bytes() == old
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="no /dev/null")
+def test_saving_to_a_device_writes_into_it_and_leaves_it_a_device():
+    import stat
+
+    safetensors_io.write("/dev/null", {"w": sample("F32")})
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_saving_to_a_pipe_streams_into_it(tmp_path):
+    import threading
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()))
+    reader.start()
+    safetensors_io.write(pipe, {"w": sample("F32")})
+    reader.join(timeout=30)
+    assert (tmp_path / "pipe").is_fifo()
+    plain = tmp_path / "plain.safetensors"
+    safetensors_io.write(plain, {"w": sample("F32")})
+    assert received == [plain.read_bytes()]
+
+
 # ---------------------------------------------------------------- damaged and foreign files
 
 

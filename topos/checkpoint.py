@@ -18,11 +18,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from topos import CheckpointError, Parameters
+from topos import CheckpointError, Network, Parameters
 from topos.safetensors_io import header, read, read_metadata, write
 
 
 def _named(table) -> dict[str, np.ndarray]:
+    if isinstance(table, Network):  # it has .named too, but names nodes, not slots with values
+        raise CheckpointError("save takes the network's Parameters, not the Network: save(path, network.parameters())")
     if isinstance(table, Parameters):
         return table.named()
     if hasattr(table, "to_host"):  # device-resident parameters of a compiled plan
@@ -63,6 +65,16 @@ def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence
     Shapes and element types must always match. Returns a Parameters
     table, or ``(parameters, optimizer_state)`` when ``optimizer`` is given.
     """
+    if isinstance(path, (Network, Parameters)):
+        raise CheckpointError("load takes the path first, then the network: load(path, network)")
+    if isinstance(network, Parameters):
+        raise CheckpointError("load takes the Network, not its Parameters, and returns the filled table: "
+                              "parameters = load(path, network)")
+    if not isinstance(network, Network):
+        raise CheckpointError(f"load takes a Network second (from Tape.record), got {type(network).__name__}")
+    if isinstance(ignore, str) or not isinstance(ignore, Sequence) or not all(isinstance(p, str) for p in ignore):
+        raise CheckpointError(f"ignore={ignore!r}: pass a list of names or shell patterns, such as "
+                              "ignore=['*.num_batches_tracked']")
     tensors = {n: a for n, a in read(path).items() if not any(fnmatch.fnmatchcase(n, p) for p in ignore)}
     table = network.parameters()
     wanted = {name: (array.shape, array.dtype) for name, array in table.named().items()}
@@ -84,11 +96,12 @@ def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence
             n.endswith("num_batches_tracked") for n in unexpected) else ""
         problems.append("in the file but not in the network: " + ", ".join(unexpected) + hint)
     if problems:
-        raise CheckpointError(
-            f"{os.fspath(path)} does not fit this network:\n  " + "\n  ".join(problems)
-            + "\n  record the model with the same modules and sizes, or pass strict=False / ignore=[...] "
-            "to load what matches"
-        )
+        fix = ("record the model with the same modules and sizes, or pass strict=False / ignore=[...] to load "
+               "what matches") if strict else ("shapes and element types must match even with strict=False: "
+                                               "record the model with the same sizes, or skip those tensors "
+                                               "with ignore=[...]")
+        raise CheckpointError(f"{os.fspath(path)} does not fit this network:\n  " + "\n  ".join(problems)
+                              + "\n  " + fix)
     parameters = network.parameters({n: a for n, a in tensors.items() if n in table.names()}, strict=False)
     if optimizer is None:
         return parameters

@@ -5,6 +5,10 @@ Its bits are the truth every faster path is graded against.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
+
+import ml_dtypes
 import numpy as np
 
 from .element import Selection, SelectionType, check_indices, convert, host_array, integer_indices, short_name
@@ -19,7 +23,11 @@ def bind_parameters(network, parameters, wanted=None) -> dict[int, np.ndarray]:
     if not isinstance(parameters, Parameters):
         raise FeedError(f"expected a Parameters table (network.parameters()), got {type(parameters).__name__}")
     if parameters._family is not network.family:
-        raise SymbolError("these Parameters belong to another network family")
+        raise SymbolError(
+            "these Parameters belong to another network family (recording the same model twice makes two "
+            "networks, each with its own table); pass the parameters of the network this came from "
+            "(network.parameters()), or move the weights over by name with network.parameters(other_parameters)"
+        )
     bound = {}
     for i in network._slots:
         if wanted is not None and i not in wanted:
@@ -49,19 +57,42 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
     later cannot change a run; a consumer that copies the data at once (a
     compiled plan uploading to its device) passes False and skips the copy.
     """
-    bound = {}
-    for symbol, value in (feeds or {}).items():
-        if isinstance(symbol, str):
-            symbol = network.named(symbol)
+    if feeds is None:
+        return {}
+    if type(feeds) is not dict and not isinstance(feeds, Mapping):
+        raise FeedError(_not_a_mapping(network, feeds))
+    bound: dict[int, np.ndarray] = {}
+    given: dict[int, object] = {}  # how each input was keyed, to name both keys of one fed twice
+    for key, value in feeds.items():
+        symbol = network.named(key) if isinstance(key, str) else key
         i = network.check(symbol, "fed symbol")
         if network._opcodes[i].name != "input":
             raise FeedError(
                 f"%{i} is a {network._opcodes[i].name}, not an input; only inputs can be fed "
                 f"(recorded at {network._sites[i]})"
             )
+        if i in given:
+            raise FeedError(
+                f"{_Where(i, network._names.get(i), network._sites[i])} is fed twice, "
+                f"{_keyed(given[i])} and {_keyed(key)}; feed it once"
+            )
+        given[i] = key
         spec = network._specs[i]
         bound[i] = _coerce_feed(i, value, spec, network._sites[i], freeze, network._names.get(i))
     return bound
+
+
+def _not_a_mapping(network, feeds) -> str:
+    """What a run was fed instead of a dict, and a dict it could have been fed, with a real input's name."""
+    names = [network._names[i] for i in network._inputs if i in network._names]
+    example = f"{{x: batch}} (x an input's Symbol) or {{{names[0]!r}: batch}}" if names else "{x: batch}"
+    hint = "; dict(pairs) makes one from (key, array) pairs" if isinstance(feeds, (list, tuple)) else ""
+    return (f"feeds must be a dict of {{input Symbol or name: array}}, got {type(feeds).__name__}; "
+            f"e.g. {example}{hint}")
+
+
+def _keyed(key) -> str:
+    return f"by its name {key!r}" if isinstance(key, str) else "by its Symbol"
 
 
 class _Where:
@@ -79,6 +110,8 @@ class _Where:
 def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = None) -> np.ndarray:
     where = _Where(i, name, site)
     fed = value
+    if type(value) is not np.ndarray:
+        _refuse_masked(where, value)
     value = _host_value(where, value, spec)
     if isinstance(spec.dtype, SelectionType):
         if isinstance(value, Selection):
@@ -109,6 +142,16 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
     return array
 
 
+def _refuse_masked(where, value) -> None:
+    """A masked array's mask would be dropped without a word by np.asarray: refuse it."""
+    ma = sys.modules.get("numpy.ma")  # a masked array exists only once numpy.ma is imported
+    if ma is not None and isinstance(value, ma.MaskedArray):
+        raise FeedError(
+            f"{where} was fed a masked array: masked arrays are not supported (the mask would be "
+            "ignored); pass .filled(value) with the value the masked elements should take"
+        )
+
+
 def _host_value(where, value, spec):
     """A torch tensor, jax array or DLPack exporter as NumPy (``element.host_array``); anything else as it is."""
     try:
@@ -135,12 +178,45 @@ def _as_array(where, value, spec, dtype=None) -> np.ndarray:
             return array
         if array.dtype.kind not in "fiub" and array.dtype != dtype:
             raise TypeError(f"elements of type {array.dtype} are not numbers")
-        return convert(array, dtype)
     except (TypeError, ValueError) as error:
         raise FeedError(
             f"{where} expects {list(spec.shape)} {short_name(spec.dtype)}; "
             f"the fed {type(value).__name__} does not convert: {error}"
         ) from None
+    if array.dtype.kind == "b":  # True is not 1.0 here, as a bool array is not (its type must match)
+        raise FeedError(
+            f"{where} expects {list(spec.shape)} {short_name(spec.dtype)}, got booleans "
+            f"({type(value).__name__}); feed numbers: float(flag) for one, "
+            f"np.asarray(mask, np.{np.dtype(dtype).name}) for many"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by name
+        converted = convert(array, dtype)
+    if array.dtype.kind in "fiu" and converted.dtype != array.dtype:
+        _refuse_overflow(where, value, array, converted, spec)
+    return converted
+
+
+def _refuse_overflow(where, value, array: np.ndarray, converted: np.ndarray, spec) -> None:
+    """A finite number the element type cannot hold would become inf (or NaN) silently: refuse it.
+
+    A NumPy array of another type is refused before this (its type must
+    match); this is the door for Python numbers and lists.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = array.astype(np.float64)
+        lost = np.isfinite(wide) & ~np.isfinite(converted.astype(np.float64))
+    if not lost.any():
+        return
+    at = tuple(int(k) for k in np.argwhere(lost)[0])
+    number = float(wide[at])
+    what = f"{number!r}" if not at else f"{number!r} at position {at}"
+    largest = float(ml_dtypes.finfo(spec.dtype).max)
+    raise FeedError(
+        f"{where} is {short_name(spec.dtype)}, which cannot hold the fed {type(value).__name__} {what}: "
+        f"{short_name(spec.dtype)} holds magnitudes up to {largest:.6g} and this would become "
+        f"{converted[at]!s}; scale the value into range, or record the input "
+        "with a wider element type"
+    )
 
 
 def source_value(network, i, parameters, feeds):

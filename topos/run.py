@@ -28,6 +28,8 @@ class Run:
         return own(self._value(symbol))
 
     def _value(self, symbol) -> np.ndarray:
+        if isinstance(symbol, str):
+            raise SymbolError(refused_name_read(self._network, symbol))
         i = self._network.check(symbol)
         if self._readable is not None and i not in self._readable:
             raise SymbolError(
@@ -62,3 +64,13 @@ class Run:
         from .display import run_card  # the Jupyter card, loaded only when a notebook asks
 
         return run_card(self)
+
+
+def refused_name_read(network, name: str) -> str:
+    """Why ``run[name]`` is refused, and the read that works: feeds take names, runs take Symbols."""
+    head = (f"run[{name!r}]: {name!r} is a str, not a Symbol; a run is read by Symbol, not by name "
+            "(feeds accept names, runs do not)")
+    if name in network._by_name:
+        return f"{head}; read run[network.named({name!r})], or run[symbol] with the Symbol Tape.record returned"
+    return (f"{head}, and this network has no parameter or input named {name!r}; read run[symbol] with "
+            "the Symbol Tape.record returned for it")

@@ -22,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import secrets
 import sys
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple, Union
@@ -31,6 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from topos.errors import CheckpointError
+from topos.files import replacing
 
 _Path = Union[str, "os.PathLike[str]"]
 
@@ -77,6 +77,12 @@ class _Entry(NamedTuple):
     end: int
 
 
+def _check_path(path: object) -> None:
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise CheckpointError(f"the checkpoint path is a {type(path).__name__} ({path!r}); "
+                              "pass a str or a pathlib.Path")
+
+
 def _error(path: _Path, problem: str, fix: str = _DAMAGED) -> CheckpointError:
     return CheckpointError(f"{os.fspath(path)}: {problem}; {fix}")
 
@@ -96,30 +102,41 @@ def _is_text(value: object) -> bool:
 
 
 def write(path: _Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> None:
-    """Write named arrays to a safetensors file atomically: the file is then the old one or the new one."""
+    """Write named arrays to a safetensors file atomically: the file is then the old one or the new one.
+
+    Through ``files.replacing``: a symlink's target is replaced, the file
+    keeps its permissions, and ``/dev/null`` or a pipe is written in place.
+    """
+    _check_path(path)
     rows = _layout(path, tensors)
     header = _header(path, rows, metadata)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise _error(path, "this is a folder, not a file", "name a file inside it")
-    temporary, descriptor = _create_beside(path, folder)
     try:
-        with os.fdopen(descriptor, "wb") as file:
+        with replacing(path) as file:
             file.write(len(header).to_bytes(8, "little"))
             file.write(header)
             for _, _, array in rows:
                 file.write(_little_endian_bytes(array))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException as failure:  # KeyboardInterrupt too: never leave the temporary behind
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if isinstance(failure, OSError):
-            problem = f"writing failed ({failure.strerror or failure})"
-            raise _error(path, problem, "check the disk has room and the folder is writable") from None
-        raise
-    _sync_folder(folder)
+    except OSError as failure:
+        raise _write_error(path, failure) from None
+
+
+def _write_error(path: _Path, failure: OSError) -> CheckpointError:
+    """The CheckpointError for an OSError of ``replacing``, naming the folder or the file that refused."""
+    where = failure.filename if isinstance(failure.filename, str) else None
+    if isinstance(failure, IsADirectoryError):
+        return _error(path, "this is a folder, not a file", "name a file inside it")
+    if where is not None and where == os.path.dirname(os.path.realpath(path)):
+        if isinstance(failure, FileNotFoundError) and not os.path.isdir(where):
+            return _error(path, f"the folder {where} does not exist", "create it first")
+        if isinstance(failure, NotADirectoryError):
+            return _error(path, f"{where} is not a folder (a file stands in its way)", "choose another path")
+        if isinstance(failure, PermissionError):
+            return _error(path, f"cannot create files in {where} (permission denied)", "choose a writable folder")
+        return _error(path, f"cannot create a file in {where} ({failure.strerror})", "choose another folder")
+    if isinstance(failure, PermissionError):
+        return _error(path, f"cannot write it ({failure.strerror})", "make it writable or choose another path")
+    problem = f"writing failed ({failure.strerror or failure})"
+    return _error(path, problem, "check the disk has room and the folder is writable")
 
 
 def _layout(path: _Path, tensors: Mapping[str, np.ndarray]) -> list[tuple[str, str, np.ndarray]]:
@@ -170,33 +187,6 @@ def _little_endian_bytes(array: np.ndarray) -> memoryview:
     return array.reshape(-1).view(np.uint8).data
 
 
-def _create_beside(path: _Path, folder: str) -> tuple[str, int]:
-    """Create a fresh hidden file in folder, named after path, with the permissions a plain open gives."""
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    try:
-        return temporary, os.open(temporary, flags, 0o666)
-    except FileNotFoundError:
-        problem, fix = f"the folder {folder} does not exist", "create it first"
-    except NotADirectoryError:
-        problem, fix = f"{folder} is not a folder (a file stands in its way)", "choose another path"
-    except PermissionError:
-        problem, fix = f"cannot create files in {folder} (permission denied)", "choose a writable folder"
-    except OSError as failure:
-        problem, fix = f"cannot create a file in {folder} ({failure.strerror})", "choose another folder"
-    raise _error(path, problem, fix)
-
-
-def _sync_folder(folder: str) -> None:
-    """Make the rename itself durable; systems that cannot open a folder (Windows) skip this."""
-    with contextlib.suppress(OSError):
-        descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
 # ---------------------------------------------------------------- reading
 
 
@@ -234,6 +224,7 @@ def read_metadata(path: _Path) -> dict[str, str]:
 @contextlib.contextmanager
 def _reading(path: _Path) -> Iterator[io.BufferedReader]:
     """The file opened for reading, the operating system's complaints turned into CheckpointErrors."""
+    _check_path(path)
     try:
         with open(path, "rb") as file:
             yield file

@@ -336,3 +336,30 @@ def test_a_change_to_topos_itself_changes_every_key(monkeypatch):
     before = plan_key(plan, "llvm-cpu", (), "iree 1")
     monkeypatch.setattr(cache_module, "code_digest", lambda: "another lowering")
     assert plan_key(plan, "llvm-cpu", (), "iree 1") != before
+
+
+def test_an_entry_that_is_not_a_regular_file_is_rebuilt_not_read(tmp_path):
+    cache = CompileCache(tmp_path)
+    network, out, plan = _plan()
+    first = plan.compile("llvm-cpu", cache=cache)
+    (entry,) = tmp_path.glob("*.vmfb")
+    entry.unlink()
+    entry.symlink_to("/dev/zero")  # read whole, it would never end
+    again = plan.compile("llvm-cpu", cache=cache)
+    assert not again.cache_hit and not entry.is_symlink() and entry.stat().st_size > 0
+    table = network.parameters()
+    np.testing.assert_array_equal(again.forward(table)[out], first.forward(table)[out])
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("cache", "", "cache='' is an empty path"),
+    ("data_tiling", "no", r"data_tiling='no': pass True, False or None"),
+    ("transient_storage", 1, r"transient_storage=1: pass True, False or None"),
+])
+def test_an_option_of_the_wrong_kind_is_refused_before_anything_is_written(tmp_path, monkeypatch, option, value,
+                                                                            match):
+    monkeypatch.chdir(tmp_path)
+    _, _, plan = _plan()
+    with pytest.raises(ToposError, match=match):
+        plan.compile("llvm-cpu", **{option: value})
+    assert list(tmp_path.iterdir()) == []

@@ -246,6 +246,27 @@ def test_a_required_input_must_be_fed_and_nothing_is_written_without_it(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_current_directory_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    for name in ("", ".", str(tmp_path)):
+        with pytest.raises(ExportError, match="is the current directory, which export cannot replace"):
+            training_step(np.float32).export(name, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_folder_that_takes_no_new_folder_is_an_export_error(tmp_path, monkeypatch):
+    import tempfile
+
+    def refuse(*_, **__):  # what /proc or a read-only mount answers, even to root
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    with pytest.raises(ExportError, match=r"cannot create files in .* \(Operation not permitted\); choose a writable"):
+        training_step(np.float32).export(tmp_path / "step")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_an_unwritable_folder_is_named(tmp_path):
     locked = tmp_path / "locked"

@@ -161,6 +161,26 @@ def test_a_wrong_table_for_frozen_is_refused_before_iree(monkeypatch):
         plan.compile("llvm-cpu", cache=False, frozen={"fc1.weight": np.zeros((6, 8))})
 
 
+def test_frozen_takes_a_table_in_export_as_in_compile_and_true_only_in_export(tmp_path, monkeypatch):
+    network, x, logits, _ = _classifier()
+    plan = network.entry([logits]).lower()
+    trained = network.parameters() * 3.0
+    folder = plan.export(tmp_path / "by-table", frozen=trained, feeds=_feeds(x))
+    expected = np.load(next((folder / "expected").iterdir()))
+    oracle = network.entry([logits], numerics=topos.Numerics.EXACT).interpret(trained, _feeds(x))
+    np.testing.assert_array_equal(expected, oracle[logits])  # the trained table's, not the recorded one's
+    with pytest.raises(topos.ToposError, match="two tables"):
+        plan.export(tmp_path / "two", frozen=trained, parameters=network.parameters(), feeds=_feeds(x))
+    with pytest.raises(topos.ToposError, match="pass True, False or the Parameters table"):
+        plan.export(tmp_path / "odd", frozen="yes", feeds=_feeds(x))
+    import topos.dialect.compiled as compiled
+
+    monkeypatch.setattr(compiled, "_compile", lambda *a: pytest.fail("IREE was reached"))
+    with pytest.raises(FeedError, match=r"compile\(frozen=True\): frozen takes the Parameters table"):
+        plan.compile("llvm-cpu", cache=False, frozen=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["by-table"]
+
+
 def test_a_frozen_export_runs_with_its_parameter_archive_and_no_topos(tmp_path):
     network, x, logits, loss = _classifier()
     table = network.parameters()
