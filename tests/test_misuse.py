@@ -821,6 +821,37 @@ def scaling_a_table_by_a_string():
     network.parameters() * "a"
 
 
+@case(ShapeError, r"conv2d: the kernel 5 x 5 \(weight \[2, 1, 5, 5\]\) is larger than the image 3 x 3",
+      "smaller kernel, pad the input")
+def a_kernel_larger_than_the_image():
+    record(lambda t: nn.Conv2d(1, 2, 5)(t.input(shape=(1, 1, 3, 3), name="x")))
+
+
+@case(ShapeError, r"max_pool: the window 8 x 8 is larger than the image 4 x 4")
+def a_pooling_window_larger_than_the_image():
+    record(lambda t: nn.MaxPool2d(8)(t.input(shape=(1, 1, 4, 4), name="x")))
+
+
+@case(ShapeError, r"mask \[3, 3\] does not broadcast to the scores \[1, 2, 4, 4\]", r"\[L, S\] = \[4, 4\]")
+def an_attention_mask_of_the_wrong_shape():
+    record(lambda t: nn.MultiHeadAttention(8, 2)(t.input(shape=(1, 4, 8), name="x"),
+                                                  mask=np.zeros((3, 3), np.float32)))
+
+
+@case(ShapeError, r"layer_norm: weight \[4\] should be \[3\], one per element of the last axis")
+def a_layer_norm_scale_of_the_wrong_length():
+    record(lambda t: F.layer_norm(t.input(shape=(2, 3), name="x"), t.leaf(np.ones(4, F32))))
+
+
+@case(DifferentiationError, "wrt holds the module Linear", r"module.parameters\(\)")
+def differentiating_with_respect_to_a_list_of_modules():
+    def body(t):
+        layer = nn.Linear(3, 1)
+        return t.differentiate(layer(t.input(shape=(2, 3), name="x")).sum(), [layer])
+
+    record(body)
+
+
 # ---- checkpoints -------------------------------------------------------------------------------------
 
 @case(CheckpointError, "missing from the file: w", "in the file but not in the network: v", "strict=False")

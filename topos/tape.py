@@ -435,7 +435,14 @@ def _wrt_list(wrt, method: str) -> list:
             f"{user_site()}: {method}: wrt must be a list of parameters or inputs (Values or Symbols), got "
             f"{type(wrt).__name__}" + ("; wrap one in a list: [w]" if isinstance(wrt, Value) else "")
         )
-    return list(wrt)
+    items = list(wrt)
+    for item in items:
+        if hasattr(item, "parameters") and callable(item.parameters) and hasattr(item, "named_parameters"):
+            raise DifferentiationError(
+                f"{user_site()}: {method}: wrt holds the module {type(item).__name__}; list its parameters "
+                "instead: module.parameters(), or [*a.parameters(), *b.parameters()] for several"
+            )
+    return items
 
 
 def _freeze(value):

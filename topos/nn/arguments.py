@@ -107,6 +107,11 @@ def initial(label: str, initializer, generator, shape: tuple[int, ...], dtype) -
     return array
 
 
+def broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether NumPy's rule broadcasts ``shape`` to ``target`` (each trailing axis equal or 1)."""
+    return len(shape) <= len(target) and all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
+
+
 def _range(low, high, low_open, high_open) -> str:
     if low is not None and high is not None:
         bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
@@ -125,4 +130,4 @@ def _shown(value: object) -> str:
     )
 
 
-__all__ = ["element", "initial", "real", "size", "size_list", "sizes"]
+__all__ = ["broadcasts", "element", "initial", "real", "size", "size_list", "sizes"]

@@ -11,6 +11,8 @@ from topos import Recordable, ShapeError, Value
 from topos.element import convert
 from topos.provenance import user_site
 
+from .arguments import broadcasts
+
 MASKED = -1e9  # added to a masked score: exp() of it is exactly 0 next to any score of ordinary size
 
 
@@ -62,6 +64,12 @@ def scaled_dot_product_attention(query: Recordable, key: Recordable, value: Reco
     for m in masks:
         if not isinstance(m, Recordable):
             m = cast(Value, query).tape.leaf(convert(m, query.dtype))
+        if not broadcasts(tuple(m.shape), tuple(scores.shape)):
+            raise ShapeError(
+                f"{user_site()}: scaled_dot_product_attention: mask {list(m.shape)} does not broadcast to the scores "
+                f"{list(scores.shape)}; pass [L, S] = [{length}, {source}] (query length by key length) or the "
+                "scores' shape"
+            )
         scores = scores + m.broadcast_to(scores.shape)
     return scores.softmax(scores.ndim - 1) @ value
 

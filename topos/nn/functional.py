@@ -72,6 +72,7 @@ def conv2d(
         raise ShapeError(f"conv2d: bias {list(bias.shape)} should be [{filters}], one per filter")
     sh, sw = arguments.sizes("conv2d", "stride", stride, 2)
     ph, pw = arguments.sizes("conv2d", "padding", padding, 2, least=0)
+    _check_window("conv2d", x, (kh, kw), (ph, pw), f"the kernel {kh} x {kw} (weight {list(weight.shape)})")
     if ph:
         x = x.pad(2, ph, height + 2 * ph)
     if pw:
@@ -96,6 +97,7 @@ def max_pool(x: Recordable, size: int, stride: int | None = None) -> Recordable:
         raise ShapeError(f"max_pool: input {list(x.shape)} must be rank 4 [batch, channels, height, width]")
     size = arguments.size("max_pool", "size", size)
     step = size if stride is None else arguments.size("max_pool", "stride", stride)
+    _check_window("max_pool", x, (size, size), (0, 0), f"the window {size} x {size}")
     windows = _windows(x, (size, size), (step, step))
     batch, channels, oh, _, ow, _ = windows.shape
     lanes = windows.permute((0, 1, 2, 4, 3, 5)).reshape((batch, channels, oh, ow, size * size))
@@ -103,6 +105,17 @@ def max_pool(x: Recordable, size: int, stride: int | None = None) -> Recordable:
     for lane in range(1, size * size):
         best = best.maximum(lanes.narrow(4, lane, 1))
     return best.reshape((batch, channels, oh, ow))
+
+
+def _check_window(name: str, x: Recordable, window: tuple[int, int], padding: tuple[int, int], what: str) -> None:
+    """A window larger than the (padded) image leaves no output position: say so in the layer's terms."""
+    height, width = x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]
+    if window[0] > height or window[1] > width:
+        padded = f" padded to {height} x {width}" if any(padding) else ""
+        raise ShapeError(
+            f"{name}: {what} is larger than the image {x.shape[2]} x {x.shape[3]}{padded} of input "
+            f"{list(x.shape)}; use a smaller kernel, pad the input, or feed larger images"
+        )
 
 
 def _along_batch(v: Recordable, batch: int) -> Recordable:

@@ -12,7 +12,7 @@ import numpy as np
 from topos import Recordable, ShapeError
 from topos.provenance import user_site
 
-from .arguments import real
+from .arguments import broadcasts, real
 
 
 def linear(x: Recordable, weight: Recordable, bias: Recordable | None = None) -> Recordable:
@@ -41,6 +41,16 @@ def embedding(weight: Recordable, indices: Recordable) -> Recordable:
     return weight.gather(indices)
 
 
+def _check_affine(name: str, x: Recordable, **vectors: Recordable | None) -> None:
+    """The scale and shift hold one value per element of the normalized (last) axis (or broadcast to ``x``)."""
+    for role, v in vectors.items():
+        if v is not None and not broadcasts(tuple(v.shape), tuple(x.shape)):
+            raise ShapeError(
+                f"{name}: {role} {list(v.shape)} should be [{x.shape[-1]}], one per element of the last axis "
+                f"of {list(x.shape)}"
+            )
+
+
 def _last_axis_mean(x: Recordable) -> Recordable:
     axis = x.ndim - 1
     return x.mean_along(axis).broadcast_along(axis, x.shape[axis])
@@ -50,6 +60,7 @@ def layer_norm(x: Recordable, weight: Recordable | None = None, bias: Recordable
                eps: float = 1e-5) -> Recordable:
     """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance)."""
     eps = real("layer_norm", "eps", eps, low=0.0)
+    _check_affine("layer_norm", x, weight=weight, bias=bias)
     centered = x - _last_axis_mean(x)
     y = centered / (_last_axis_mean(centered * centered) + eps).sqrt()
     if weight is not None:
@@ -66,6 +77,7 @@ def rms_norm(x: Recordable, weight: Recordable | None = None, eps: float | None 
     ``torch.nn.RMSNorm`` does.
     """
     eps = float(ml_dtypes.finfo(x.dtype).eps) if eps is None else real("rms_norm", "eps", eps, low=0.0)
+    _check_affine("rms_norm", x, weight=weight)
     y = x / (_last_axis_mean(x * x) + eps).sqrt()
     return y if weight is None else y * weight.broadcast_to(x.shape)
 
