@@ -933,7 +933,7 @@ class CompiledPlan:
                 p, n = network.check(parameter, "updated parameter"), network.check(new, "update")
             except SymbolError as error:
                 raise SymbolError(
-                    f"{user_site()}: these Updates belong to another network ({error}); pass the Updates "
+                    f"{user_site()}: these Updates belong to another network ({error.bare or error}); pass the Updates "
                     "recorded on the network this plan was compiled from"
                 ) from None
             if network._opcodes[p].name != "parameter":

@@ -967,6 +967,19 @@ def stepping_device_state_of_another_network():
     compiled.step(other_compiled.resident(other.parameters()), {}, updates)
 
 
+@case(SymbolError, "these Updates belong to another network", "recorded on the network this plan was compiled from")
+def stepping_with_updates_of_another_network():
+    network, loss, updates, compiled = _trained()
+    other, other_loss, other_updates, other_compiled = _trained()
+    compiled.step(compiled.resident(network.parameters()), {}, other_updates)
+
+
+@case(SymbolError, r"not a parameter slot of this table: only parameters have slots \(here: w\)")
+def reading_an_input_from_device_state():
+    network, loss, updates, compiled = _trained()
+    compiled.resident(network.parameters()).to_host()[network.named("x")]
+
+
 @case(FeedError, "not a result of this plan's entry")
 def stepping_with_updates_that_are_not_results():
     network, loss, updates, compiled = _trained()

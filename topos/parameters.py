@@ -123,18 +123,19 @@ class Parameters:
         return self._symbols[self._slot(symbol)].index not in self._state
 
     def _slot(self, symbol: Symbol | str) -> int:
+        shown = ", ".join(self._names[:12]) + (", ..." if len(self._names) > 12 else "")
         if isinstance(symbol, str):
             try:
                 return self._names.index(symbol)
             except ValueError:
-                shown = ", ".join(self._names[:12]) + (", ..." if len(self._names) > 12 else "")
                 raise SymbolError(f"no slot is named {symbol!r}; the slots are: {shown}") from None
         if not isinstance(symbol, Symbol) or symbol.family is not self._family:
             raise SymbolError(f"{symbol!r} is not a parameter of this table's network")
         try:
             return self._position[symbol.index]
         except KeyError:
-            raise SymbolError(f"{symbol!r} is not a parameter slot of this table") from None
+            raise SymbolError(f"{symbol!r} is not a parameter slot of this table: only parameters have slots "
+                              f"(here: {shown}); an input or a result is read from a run") from None
 
     def __repr__(self) -> str:
         slots = ", ".join(f"{n}: {list(a.shape)} {a.dtype}" for n, a in zip(self._names, self._arrays))

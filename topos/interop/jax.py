@@ -364,7 +364,8 @@ class JaxFunction:
             try:
                 p, n = self.network.check(parameter, "updated parameter"), self.network.check(new, "update")
             except SymbolError as error:
-                raise SymbolError(f"{user_site()}: these Updates belong to another network ({error})") from None
+                raise SymbolError(f"{user_site()}: these Updates belong to another network "
+                                  f"({error.bare or error})") from None
             if n not in self._position:
                 raise FeedError(f"{user_site()}: update {new!r} of {parameter!r} is not a result of this plan; "
                                 "build it from network.entry(updates.roots(loss))")
