@@ -315,3 +315,25 @@ def test_the_walkthrough_draws_every_stage_and_the_committed_drawings_are_curren
             f"docs/drawings/{stage}.svg was not rendered from its .dot: regenerate it as above")
     vision = (ROOT / "docs" / "vision.md").read_text()
     assert "![Plate 1" in vision and "(drawings/differentiate.svg)" in vision
+
+
+def test_options_that_cannot_apply_are_refused_by_name(recorded):
+    network, w, x, loss, adjoints, updates = recorded
+    small, small_loss = Tape.record(lambda t: t.input(np.ones(2, np.float32), name="x").sum())
+    run = network.forward(network.parameters(), {x: np.array([[1.0, 2.0]], np.float32)})
+    for call, match in [
+        (lambda: topos.draw(network, adjoints=[1, 2]), r"adjoints= takes what tape.differentiate .* got int"),
+        (lambda: topos.draw(network, adjoints=updates), "adjoints= takes .* got Updates"),
+        (lambda: topos.draw(network, updates=adjoints), "updates= takes .* got Adjoints"),
+        (lambda: topos.draw(small, adjoints=adjoints), r"these Adjoints name node %\d+, but the network drawn has"),
+        (lambda: topos.draw(network, max_nodes="10"), r"max_nodes must be an int >= 1 .* got '10'"),
+        (lambda: topos.draw(network, max_nodes=0), "max_nodes must be an int >= 1"),
+        (lambda: topos.draw(network, stage="mlir"), "stage='mlir' applies to a Plan, an Entry or a CompiledPlan"),
+        (lambda: topos.draw(run, stage="stablehlo"), "a Run has one drawing"),
+        (lambda: topos.draw(network, network=small), "network= names the network a BisectReport was made from"),
+        (lambda: topos.plot_live_bytes(network), r"plot_live_bytes takes a Plan \(entry.lower\(\)\) or an Entry"),
+        (lambda: topos.draw(network).save(123), "save takes a path"),
+    ]:
+        with pytest.raises(DrawingError, match=match):
+            call()
+    assert topos.draw(network.entry([loss]), stage="mlir").dot  # where a stage applies, it still draws

@@ -163,3 +163,21 @@ def test_the_target_must_be_a_rank_0_symbol_of_this_network():
         check_gradients(network, network.parameters(), None, other_loss)
     with pytest.raises(DifferentiationError, match="rank-0"):
         check_gradients(network, network.parameters(), None, w)
+
+
+def test_argument_slips_are_refused_rather_than_reported_as_a_pass_or_fail():
+    def record(tape):
+        w = tape.parameter(np.array([0.5, -0.25], np.float32), name="w")
+        return w, (w * w).sum()
+
+    network, (w, loss) = Tape.record(record)
+    table = network.parameters()
+    one = check_gradients(network, table, {}, loss, wrt=w)  # a bare symbol is one to check
+    assert len(one.entries) == 1 and one.ok
+    with pytest.raises(DifferentiationError, match=r"wrt=\[\] names nothing to check"):
+        check_gradients(network, table, {}, loss, wrt=[])
+    with pytest.raises(DifferentiationError, match="more than once"):
+        check_gradients(network, table, {}, loss, wrt=[w, w])
+    for option, value in (("tolerance", "tight"), ("tolerance", -1.0), ("step", 0.0), ("rule_tolerance", float("nan"))):
+        with pytest.raises(topos.ArgumentError, match=f"{option} must be a finite number > 0"):
+            check_gradients(network, table, {}, loss, **{option: value})

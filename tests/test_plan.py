@@ -396,3 +396,60 @@ def test_folded_constants_take_a_gather_of_a_uniform_table_whatever_the_selectio
     assert np.array_equal(folded[uniform.index], np.full(4, 2.0, np.float32))
     other_rows = network.forward(network.parameters(), {rows: topos.selection([1, 1], 3)})
     assert np.array_equal(other_rows[uniform], folded[uniform.index])
+
+
+def test_the_offers_a_plan_hands_out_cannot_be_edited_into_its_results():
+    import topos.nn.functional as F
+
+    def record(tape):
+        x = tape.parameter(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+        return x, F.max_pool(x, 2)
+
+    network, (x, y) = Tape.record(record)
+    plan = network.entry([y], numerics=Numerics.EXACT).lower()
+    (offer,) = [c for c in plan.candidates() if c.kind == "max_pool"]
+    with pytest.raises(TypeError):
+        offer.details["maxima"] = ()  # the executor reads these: an edit would change the plan's results
+    with pytest.raises(AttributeError):
+        offer.details["maxima"].append(0)
+    assert plan.forward(network.parameters())[y].ravel().tolist() == [5.0, 7.0, 13.0, 15.0]
+
+
+def test_working_peak_refuses_an_uncounted_node_the_network_lacks():
+    network, loss = Tape.record(lambda t: (t.input(np.ones((2, 3), np.float32), name="x").tanh() * 2.0).sum())
+    other, other_loss = Tape.record(lambda t: t.input(np.ones(3, np.float32), name="x").sum())
+    plan = network.entry([loss]).lower()
+    assert plan.working_peak([loss]) == plan.working_peak([loss.index])
+    with pytest.raises(SymbolError, match=r"uncounted names node 12345, but this network has nodes 0\.\.\d+"):
+        plan.working_peak(uncounted=[12345])
+    with pytest.raises(SymbolError):
+        plan.working_peak(uncounted=[other_loss])
+
+
+def test_numerics_and_kernel_names_are_checked_not_read_as_none():
+    import topos
+    from topos import ArgumentError, Fidelity
+    from topos.plan.numerics import envelope_for
+
+    assert Numerics.EXACT.accepts(Fidelity.COMPOSED) and not Numerics.EXACT.accepts(Fidelity.ENVELOPE)
+    for wrong in ("ENVELOPE", None, 42):  # a string used to pass as "not ENVELOPE"
+        with pytest.raises(ArgumentError, match="accepts takes a topos.Fidelity"):
+            Numerics.EXACT.accepts(wrong)
+    with pytest.raises(ArgumentError, match="posture takes Numerics.EXACT or Numerics.FAST"):
+        with topos.posture("fast"):
+            pass
+    network, loss = Tape.record(lambda t: t.input(np.ones(3, np.float32), name="x").sum())
+    with pytest.raises(ArgumentError, match="numerics must be"):
+        network.entry([loss], numerics="exact")
+    assert envelope_for("matmul") is not None and envelope_for("map", "exp") is not None
+    for call, match in [
+        (lambda: envelope_for("matmull"), "no opcode is named 'matmull'; the opcodes are .*matmul"),
+        (lambda: envelope_for("map"), "map needs function= one of .*exp"),
+        (lambda: envelope_for("map", "sinh"), r"got 'sinh'"),
+        (lambda: envelope_for("add", "exp"), "add takes none"),
+        (lambda: topos.unregister_kernel("warp"), "unregister_kernel: no opcode is named 'warp'"),
+        (lambda: topos.register_kernel("warp", np.add, Fidelity.IDENTICAL, examples=[((1.0, 2.0), {})]),
+         "register_kernel: no opcode is named 'warp'"),
+    ]:
+        with pytest.raises(ArgumentError, match=match):
+            call()

@@ -63,6 +63,8 @@ class Drawing:
 
     def save(self, path) -> Path:
         """Write ``.dot``, ``.svg`` or ``.png`` by the path's suffix (atomically) and return the path."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise DrawingError(f"save takes a path (str or pathlib.Path), got {type(path).__name__}")
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix == ".dot":
@@ -132,6 +134,16 @@ def draw(subject, *, stage: str | None = None, adjoints=(), updates=(), network=
     from .plan import Entry, Plan
     from .run import Run
 
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
+        raise DrawingError(f"max_nodes must be an int >= 1 (how many boxes before a summary), got {max_nodes!r}")
+    _check_marks(adjoints, updates)
+    plan_like = isinstance(subject, (Entry, Plan)) or (hasattr(subject, "plan") and hasattr(subject, "vmfb"))
+    if stage is not None and not plan_like:
+        raise DrawingError(f"stage={stage!r} applies to a Plan, an Entry or a CompiledPlan; a "
+                           f"{type(subject).__name__} has one drawing: leave stage out")
+    if network is not None and not isinstance(subject, BisectReport):
+        raise DrawingError("network= names the network a BisectReport was made from; "
+                           f"a {type(subject).__name__} carries its own: leave network out")
     if isinstance(subject, Entry):
         subject = subject.lower()
     if hasattr(subject, "plan") and hasattr(subject, "vmfb"):  # a CompiledPlan (MLIR side, not imported)
@@ -193,6 +205,13 @@ def shades(network, adjoints=(), updates=()) -> dict[int, str]:
 
     adjoint_list = _as_list(adjoints)
     update_list = _as_list(updates)
+    for marks in (*adjoint_list, *update_list):
+        symbols = [marks.target, *marks.gradients] if hasattr(marks, "gradients") else [
+            s for pair in marks.pairs() for s in pair]
+        beyond = [_index(s) for s in symbols if _index(s) >= len(operands)]
+        if beyond:  # marks of another recording are read by node index: the same spec shades the same
+            raise DrawingError(f"these {type(marks).__name__} name node %{beyond[0]}, but the network drawn has "
+                               f"{len(operands)} nodes: pass the ones recorded with it")
     targets = closure([a.target for a in adjoint_list])
     gradients = closure([g for a in adjoint_list for g in a.gradients]) - targets
     nexts = closure([new for u in update_list for _, new in u.pairs()]) - targets - gradients
@@ -317,6 +336,8 @@ def plan_drawing(plan, *, adjoints=(), updates=(), max_nodes: int = MAX_NODES) -
 def plot_live_bytes(plan, ax=None):
     """The plan's live bytes after each executed step, as a matplotlib Figure (needs matplotlib).
 
+    ``plan`` is a Plan, or an Entry (lowered here).
+
     Built without pyplot, so nothing global changes and a notebook shows
     the figure once (as the cell's value); pass ``ax`` to draw into axes
     of your own instead.
@@ -326,6 +347,12 @@ def plot_live_bytes(plan, ax=None):
     except ImportError:
         raise DrawingError("plot_live_bytes needs matplotlib: pip install 'topos[examples]' "
                            "(or pip install matplotlib)") from None
+    from .plan import Entry, Plan
+
+    if isinstance(plan, Entry):
+        plan = plan.lower()
+    if not isinstance(plan, Plan):
+        raise DrawingError(f"plot_live_bytes takes a Plan (entry.lower()) or an Entry, got {type(plan).__name__}")
     series = plan.live_series()
     if ax is None:
         ax = Figure(figsize=(6, 2.6), layout="constrained").subplots()
@@ -543,6 +570,18 @@ def _bytes(n: int) -> str:
     if n < 1024:
         return f"{n} B"
     return f"{n / 1024:.1f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.1f} MiB"
+
+
+def _check_marks(adjoints, updates) -> None:
+    """``adjoints`` are what differentiate/vjp returned, ``updates`` an optimizer's Updates (one or a list)."""
+    from .differentiate import Adjoints
+    from .update import Updates
+
+    for role, items, kind, source in (("adjoints", adjoints, Adjoints, "tape.differentiate (or vjp) returned"),
+                                      ("updates", updates, Updates, "an optimizer's record (or topos.sgd) returned")):
+        for item in _as_list(items):
+            if not isinstance(item, kind):
+                raise DrawingError(f"{role}= takes what {source}, one or a list; got {type(item).__name__}")
 
 
 def _index(symbol) -> int:

@@ -204,13 +204,23 @@ def check_gradients(
     """
     t = network.check(target, "target")
     dtype = network._specs[t].dtype
-    step = DEFAULT_STEP if step is None else float(step)
-    if tolerance is None:
-        tolerance = TOLERANCES[dtype]
+    step = DEFAULT_STEP if step is None else _positive("step", step)
+    tolerance = TOLERANCES[dtype] if tolerance is None else _positive("tolerance", tolerance)
     if rule_tolerance is None:
         rule_tolerance = tolerance if dtype == float64 else TOLERANCES[float64]
+    else:
+        rule_tolerance = _positive("rule_tolerance", rule_tolerance)
+    if isinstance(wrt, Symbol) or hasattr(wrt, "symbol"):  # one symbol, or one recorded Value
+        wrt = [wrt]
     wrt = tuple(network.parameter_symbols() if wrt is None else wrt)
+    if not wrt:
+        raise DifferentiationError("check_gradients: wrt=[] names nothing to check, so the report would pass "
+                                   "having checked nothing; leave wrt out to check every parameter")
     indices = [_wrt_index(network, w) for w in wrt]
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        raise DifferentiationError(f"check_gradients: wrt names {', '.join(f'%{i}' for i in repeated)} more "
+                                   "than once; list each symbol once")
 
     run = network.forward(parameters, feeds)
     gradients = run.backward(target)  # raises DifferentiationError for a non-scalar target
@@ -238,6 +248,17 @@ def check_gradients(
             )
         )
     return GradientReport(target, dtype, step, tolerance, rule_tolerance, entries)
+
+
+def _positive(name: str, value) -> float:
+    """A step or tolerance: a finite number above 0 (a negative tolerance would fail every entry)."""
+    from .errors import ArgumentError
+
+    number = float(value) if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)) else math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise ArgumentError(f"check_gradients: {name} must be a finite number > 0, got {value!r}")
+    return number
 
 
 def _format_step(step: float) -> str:

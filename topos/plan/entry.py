@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import SymbolError
+from ..errors import ArgumentError, SymbolError
 from .numerics import Numerics
 
 
@@ -20,7 +20,7 @@ class Entry:
     def __init__(self, network, roots: Sequence, observe: Sequence = (), numerics: Numerics = Numerics.FAST,
                  backward=None):
         if not isinstance(numerics, Numerics):
-            raise TypeError(f"numerics must be Numerics.EXACT or Numerics.FAST, got {numerics!r}")
+            raise ArgumentError(f"numerics must be Numerics.EXACT or Numerics.FAST, got {numerics!r}")
         roots = _symbols(roots)
         observes = _symbols(observe)
         if not roots:

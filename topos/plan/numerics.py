@@ -44,6 +44,10 @@ class Numerics(enum.Enum):
 
     def accepts(self, fidelity: Fidelity) -> bool:
         """EXACT accepts only kernels that give the reference's bits; FAST accepts every fidelity."""
+        if not isinstance(fidelity, Fidelity):  # a string would pass the identity test below
+            from ..errors import ArgumentError
+
+            raise ArgumentError(f"accepts takes a topos.Fidelity, got {fidelity!r} ({type(fidelity).__name__})")
         return self is Numerics.FAST or fidelity is not Fidelity.ENVELOPE
 
 
@@ -59,7 +63,9 @@ def posture(numerics: Numerics):
     is the same choice for code that calls opcodes on arrays itself.
     """
     if not isinstance(numerics, Numerics):
-        raise TypeError(f"posture takes Numerics.EXACT or Numerics.FAST, got {numerics!r}")
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"posture takes Numerics.EXACT or Numerics.FAST, got {numerics!r}")
     token = _POSTURE.set(numerics)
     try:
         yield numerics
@@ -224,8 +230,8 @@ def register_kernel(opcode_name: str, kernel: Callable, fidelity: Fidelity, *, e
     from ..errors import ToposError
     from ..opcodes import by_name
 
+    key = _kernel_key("register_kernel", opcode_name, function)
     opcode = by_name(opcode_name)
-    key = f"map:{function}" if opcode_name == "map" else opcode_name
     if not isinstance(fidelity, Fidelity):
         raise ToposError(f"register_kernel: fidelity must be a topos Fidelity, got {fidelity!r}")
     if fidelity is Fidelity.ENVELOPE and envelope is None:
@@ -265,15 +271,36 @@ def register_kernel(opcode_name: str, kernel: Callable, fidelity: Fidelity, *, e
 
 
 def unregister_kernel(opcode_name: str, function: str | None = None) -> None:
-    """Remove the kernel registered for ``opcode_name`` (``function`` for map); the built-ins serve again."""
-    REGISTERED.pop(f"map:{function}" if opcode_name == "map" else opcode_name, None)
+    """Remove the kernel registered for ``opcode_name`` (``function`` for map); the built-ins serve again.
+
+    Removing what is not registered does nothing; a name no opcode has is an ArgumentError (a typo).
+    """
+    REGISTERED.pop(_kernel_key("unregister_kernel", opcode_name, function), None)
 
 
 def envelope_for(opcode_name: str, function: str | None = None) -> Envelope | None:
     """The declared envelope of the fast kernel, or None when FAST runs the reference kernel."""
-    key = f"map:{function}" if opcode_name == "map" else opcode_name
-    fast = FAST_KERNELS.get(key)
+    fast = FAST_KERNELS.get(_kernel_key("envelope_for", opcode_name, function))
     return None if fast is None else fast[1]
+
+
+def _kernel_key(caller: str, opcode_name: str, function: str | None) -> str:
+    """``map:<function>`` or the opcode's name, once both are known names: a typo would read as "none"."""
+    from ..errors import ArgumentError
+    from ..opcodes import MAP_FUNCTIONS
+    from ..opcodes.base import REGISTRY
+
+    names = sorted(REGISTRY)
+    if opcode_name not in names:
+        raise ArgumentError(f"{caller}: no opcode is named {opcode_name!r}; the opcodes are {', '.join(names)}")
+    if opcode_name != "map":
+        if function is not None:
+            raise ArgumentError(f"{caller}: function= names a map function; {opcode_name} takes none")
+        return opcode_name
+    if function not in MAP_FUNCTIONS:
+        raise ArgumentError(f"{caller}: map needs function= one of {', '.join(sorted(MAP_FUNCTIONS))}, "
+                            f"got {function!r}")
+    return f"map:{function}"
 
 
 __all__ = ["Envelope", "FAST_KERNELS", "Fidelity", "Numerics", "REGISTERED", "accumulation_scale", "current_posture",

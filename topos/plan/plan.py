@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import PlanError, SymbolError
 from ..interpret import bind_feeds, bind_parameters, source_value
 from ..network import describe_line, plural
 from ..run import Run
@@ -112,9 +112,23 @@ class Plan:
 
     def working_peak(self, uncounted: Iterable[int] = ()) -> int:
         """Peak live bytes of computed values that are not results: what a run holds beside what it
-        hands out (before a compiler fuses any of it away). Nodes in ``uncounted`` are left out too."""
-        left_out = frozenset(self.entry._readable) | frozenset(uncounted)
+        hands out (before a compiler fuses any of it away). Nodes in ``uncounted`` (node indices or
+        Symbols of this network) are left out too."""
+        left_out = frozenset(self.entry._readable) | frozenset(self._nodes_of(uncounted, "uncounted"))
         return max((live for _, live in self._account(left_out)), default=0)
+
+    def _nodes_of(self, items: Iterable, role: str) -> list[int]:
+        """Node indices of ``items`` (ints or Symbols), each a node of this network: a typo is not silence."""
+        nodes = []
+        for item in items:
+            if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+                if not 0 <= item < len(self.network):
+                    raise SymbolError(f"{role} names node {item}, but this network has nodes "
+                                      f"0..{len(self.network) - 1}")
+                nodes.append(int(item))
+            else:
+                nodes.append(self.network.check(item, role))
+        return nodes
 
     def release_floor(self) -> int:
         """Bytes of computed values the plan keeps to the end of a run (the results, and under the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -28,9 +29,29 @@ class Candidate:
     # node; otherwise the node would have to exist, and this offer is not elected.
     lends: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Executors read ``details``: handed out by plan.candidates() and fusions(), it must not be editable.
+        object.__setattr__(self, "details", _frozen(self.details))
+        object.__setattr__(self, "lends", _frozen(self.lends))
+
     @property
     def interior(self) -> tuple[int, ...]:
         return tuple(n for n in self.nodes if n != self.root)
+
+
+def _frozen(value):
+    """``value`` with every mapping read-only and every list or set a tuple, all the way down."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_frozen(v) for v in value)
+    if isinstance(value, np.ndarray):
+        frozen = value.copy()
+        frozen.flags.writeable = False
+        return frozen
+    return value
 
 
 class StructureView:
