@@ -189,14 +189,14 @@ def check_gradients(
     feeds,
     target: Symbol,
     *,
-    wrt: Sequence[Symbol] | None = None,
+    wrt: Sequence[Symbol] | Symbol | None = None,
     step: float | None = None,
     tolerance: float | None = None,
     rule_tolerance: float | None = None,
 ) -> GradientReport:
     """Grade ``run.backward(target)`` against float64 finite differences -> GradientReport.
 
-    ``wrt`` lists parameters and/or inputs (default: every parameter).
+    ``wrt`` lists parameters and/or inputs, or names one (default: every parameter).
     ``tolerance`` bounds the network's own gradients (default by element
     type, see :data:`TOLERANCES`); ``rule_tolerance`` bounds the float64
     twin's (default: the float64 tolerance, or ``tolerance`` for a float64
@@ -210,13 +210,13 @@ def check_gradients(
         rule_tolerance = tolerance if dtype == float64 else TOLERANCES[float64]
     else:
         rule_tolerance = _positive("rule_tolerance", rule_tolerance)
-    if isinstance(wrt, Symbol) or hasattr(wrt, "symbol"):  # one symbol, or one recorded Value
-        wrt = [wrt]
-    wrt = tuple(network.parameter_symbols() if wrt is None else wrt)
-    if not wrt:
+    checked: tuple = (tuple(network.parameter_symbols()) if wrt is None
+                      else (wrt,) if isinstance(wrt, Symbol) or hasattr(wrt, "symbol")  # one symbol or Value
+                      else tuple(wrt))
+    if not checked:
         raise DifferentiationError("check_gradients: wrt=[] names nothing to check, so the report would pass "
                                    "having checked nothing; leave wrt out to check every parameter")
-    indices = [_wrt_index(network, w) for w in wrt]
+    indices = [_wrt_index(network, w) for w in checked]
     repeated = sorted({i for i in indices if indices.count(i) > 1})
     if repeated:
         raise DifferentiationError(f"check_gradients: wrt names {', '.join(f'%{i}' for i in repeated)} more "
@@ -228,7 +228,7 @@ def check_gradients(
     twin_gradients = twin.reverse_scan(indices)
 
     entries = []
-    for symbol, i in zip(wrt, indices):
+    for symbol, i in zip(checked, indices):
         reference = twin.finite_differences(i, step)
         backward = np.asarray(gradients[symbol], dtype=np.float64)
         error, where = _relative_error(backward, reference)
