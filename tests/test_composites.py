@@ -214,6 +214,47 @@ def test_concat_of_one_value_is_that_value():
     assert y == x and len(network) == 1
 
 
+def test_concat_and_stack_take_any_sequence_of_values_and_join_them():
+    def model(tape):
+        a = tape.input(np.arange(6.0, dtype=F32).reshape(2, 3))
+        b = tape.input(np.arange(6.0, 12.0, dtype=F32).reshape(2, 3))
+        return concat((a, b), 1), stack(iter([a, b]), 2), stack([a], 0)
+
+    network, (joined, stacked, single) = Tape.record(model)
+    run = network.forward(network.parameters())
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(6.0, 12.0).reshape(2, 3)
+    assert np.array_equal(run[joined], np.concatenate([a, b], 1))
+    assert np.array_equal(run[stacked], np.stack([a, b], 2))
+    assert np.array_equal(run[single], a[None])
+
+
+def test_concat_turns_a_negative_zero_into_a_positive_zero():
+    # concat is spelled with pads and adds: -0.0 + 0.0 is +0.0 (docs/recording.md says so).
+    network, joined = Tape.record(lambda t: concat([t.leaf(np.array([-0.0])), t.leaf(np.array([1.0]))], 0))
+    assert not np.signbit(network.forward(network.parameters())[joined][0])
+
+
+def test_softmax_by_the_functional_takes_a_negative_axis():
+    import topos.nn.functional as F
+
+    network, (method, functional) = Tape.record(
+        lambda t: (lambda x: (x.softmax(1), F.softmax(x)))(t.leaf(np.array([[1.0, 2.0, 3.0]])))
+    )
+    run = network.forward(network.parameters())
+    assert np.array_equal(run[method], run[functional])
+
+
+def test_reshape_and_broadcast_to_take_numpy_integer_extents():
+    def model(tape):
+        x = tape.input(np.ones((1, 6), F32))
+        return x.reshape((np.int64(2), -1)), x.broadcast_to((np.int64(2), 6)), x.reshape(6)
+
+    network, (reshaped, broadcast, flat) = Tape.record(model)
+    assert network.node(reshaped).shape == (2, 3)
+    assert network.node(broadcast).shape == (2, 6)
+    assert network.node(flat).shape == (6,)
+
+
 # ---- refusals ---------------------------------------------------------------------------------------
 
 
@@ -248,7 +289,7 @@ def test_broadcast_to_refuses_what_numpy_refuses_naming_line_and_shapes(source, 
         (lambda x: x.unsqueeze(4), ["unsqueeze", "axis 4", "[2, 1, 3]"]),
         (lambda x: x.unsqueeze(-1), ["unsqueeze", "axis -1", "[2, 1, 3]"]),
         (lambda x: concat([x, x], 3), ["concat", "axis 3", "[2, 1, 3]"]),
-        (lambda x: stack([x, x], 4), ["unsqueeze", "axis 4"]),
+        (lambda x: stack([x, x], 4), ["stack", "axis 4", "[2, 1, 3]", "0..3"]),
         (lambda x: concat([x, x.squeeze(1)], 0), ["concat", "[2, 1, 3]", "[2, 3]", "axis 0"]),
         (lambda x: concat([x, x.transpose((1, 0, 2))], 2), ["concat", "[2, 1, 3]", "[1, 2, 3]", "axis 2"]),
     ],

@@ -107,6 +107,69 @@ def unknown_map_function():
     record(lambda t: v(t).map("softsign"))
 
 
+@case(ShapeError, r"the number 1e\+300 beside a \[3\] f32 Value does not fit f32", r"largest 3\.40282e\+38",
+      "scale it, or record the Value in float64")
+def a_number_too_large_for_f32_beside_a_value():
+    record(lambda t: v(t, (3,)) * 1e300)
+
+
+@case(ShapeError, r"the number 1e\+39 beside a \[2, 3\] f32 Value does not fit f32", "scale it")
+def an_int_too_large_for_f32_beside_a_value():
+    record(lambda t: v(t) + 10**39)
+
+
+@case(ShapeError, r"the number 1e\+400 beside a \[2, 3\] f64 Value does not fit f64", "scale it")
+def an_int_past_float64_beside_a_value():
+    record(lambda t: v(t, dtype=F64) * 10**400)
+
+
+@case(ShapeError, r"the number 1e\+400 beside a \[2, 3\] f32 Value does not fit f32")
+def an_int_past_float64_as_an_exponent():
+    record(lambda t: v(t) ** 10**400)
+
+
+@case(ShapeError, r"add: a list beside a \[3\] f32 Value", r"np\.asarray\(values, dtype=x\.dtype\)", r"tape\.leaf")
+def adding_a_list_to_a_value():
+    record(lambda t: v(t, (3,)) + [1.0, 2.0, 3.0])
+
+
+@case(ShapeError, r"add: a list beside", r"np\.asarray")
+def adding_a_value_to_a_list():
+    record(lambda t: [1.0, 2.0, 3.0] + v(t, (3,)))
+
+
+@case(ShapeError, r"step: a list beside a \[2, 3\] f32 Value", r"np\.asarray")
+def a_step_threshold_given_as_a_list():
+    record(lambda t: v(t).step([0.5, 0.5, 0.5]))
+
+
+@case(ShapeError, "the bool True beside", r"1\.0 or 0\.0")
+def adding_a_bool_to_a_value():
+    record(lambda t: v(t) + True)
+
+
+@case(ShapeError, "the complex number 1j beside", "complex numbers are not supported")
+def adding_a_complex_number_to_a_value():
+    record(lambda t: v(t) + 1j)
+
+
+@case(ShapeError, r"mul: a str beside|the str '2' beside", r"float\(text\)")
+def multiplying_a_value_by_a_string():
+    record(lambda t: v(t) * "2")
+
+
+@case(ShapeError, r"add: a torch\.Tensor beside a \[3\] f32 Value", r"topos\.interop\.numpy_array\(tensor\)")
+def adding_a_torch_tensor_to_a_value():
+    torch = pytest.importorskip("torch")
+    record(lambda t: v(t, (3,)) + torch.ones(3))
+
+
+@case(ShapeError, r"add: a torch\.Tensor beside", "record it as an input")
+def adding_a_value_to_a_torch_tensor():
+    torch = pytest.importorskip("torch")
+    record(lambda t: torch.ones(3) + v(t, (3,)))
+
+
 # ---- linear algebra, reductions, shapes ------------------------------------------------------------
 
 @case(ShapeError, "matmul", r"\[2, 3\].*\[2, 3\]")
@@ -214,6 +277,71 @@ def narrow_to_nothing():
     record(lambda t: v(t).narrow(1, 0, 0))
 
 
+@case(ShapeError, r"\bsoftmax: axis -1 is out of range for shape \[2, 3\]", r"0\.\.1", "negative axes")
+def softmax_along_a_negative_axis():
+    record(lambda t: v(t).softmax(-1))
+
+
+@case(ShapeError, r"\bsoftmax: axis 2 is out of range", r"topos axes are 0\.\.1")
+def softmax_along_a_missing_axis():
+    record(lambda t: v(t).softmax(2))
+
+
+@case(ShapeError, r"broadcast_to: the target shape \[-1, 3\]", "int >= 1", "spell the extent out")
+def broadcast_to_a_negative_extent():
+    record(lambda t: v(t, (1, 3)).broadcast_to((-1, 3)))
+
+
+@case(ShapeError, r"reshape: shape \[-2, -3\]", "positive ints, with at most one -1")
+def reshape_to_negative_extents():
+    record(lambda t: v(t).reshape((-2, -3)))
+
+
+@case(ShapeError, r"reshape: shape \[2\.0, 3\.0\]", "positive ints")
+def reshape_to_float_extents():
+    record(lambda t: v(t).reshape((2.0, 3.0)))
+
+
+@case(ShapeError, "concat: no operands", "pass at least one Value")
+def concat_of_nothing():
+    record(lambda t: topos.concat([], 0))
+
+
+@case(ShapeError, "stack: no operands", "pass at least one Value")
+def stack_of_nothing():
+    record(lambda t: topos.stack([], 0))
+
+
+@case(ShapeError, "concat: operand 1 is a numpy.ndarray", r"tape\.leaf\(array\)")
+def concat_of_a_numpy_array():
+    record(lambda t: topos.concat([v(t), np.ones((2, 3), F32)], 0))
+
+
+@case(ShapeError, "stack: operand 1 is a float", r"tape\.leaf")
+def stack_of_a_number():
+    record(lambda t: topos.stack([v(t), 1.0], 0))
+
+
+@case(ShapeError, "concat: takes a list of Values", r"topos\.concat\(\[a, b\], axis\)")
+def concat_of_values_not_in_a_list():
+    record(lambda t: topos.concat(v(t), 0))
+
+
+@case(ShapeError, r"concat: element types differ: operand 0 is \[2, 3\] f64, operand 1 is \[2, 3\] f32", "one dtype")
+def concat_of_two_element_types():
+    record(lambda t: topos.concat([v(t, dtype=F64), v(t)], 0))
+
+
+@case(ShapeError, r"stack: shapes \[2, 3\] and \[3, 2\] differ \(operands 0 and 1\)", "equal-shaped")
+def stack_of_two_shapes():
+    record(lambda t: topos.stack([v(t), v(t, (3, 2))], 0))
+
+
+@case(ShapeError, r"stack: axis 5 is out of range for operands of shape \[2, 3\]", r"0\.\.2")
+def stack_along_a_missing_axis():
+    record(lambda t: topos.stack([v(t), v(t)], 5))
+
+
 # ---- indexing ---------------------------------------------------------------------------------------
 
 @case(ShapeError, "gather", "rows but the selection indexes 5", "extent must equal")
@@ -251,6 +379,11 @@ def selection_of_extent_zero():
     selection([0], 0)
 
 
+@case(ShapeError, "a selection needs at least one index", "never empty")
+def a_selection_of_no_indices():
+    selection([], extent=4)
+
+
 # ---- sources ----------------------------------------------------------------------------------------
 
 @case(ShapeError, "empty tensors", r"\[0\]")
@@ -266,6 +399,11 @@ def an_integer_parameter():
 @case(ShapeError, "payload is a Value", "arrays or numbers")
 def a_value_as_a_payload():
     record(lambda t: t.parameter(v(t)))
+
+
+@case(ShapeError, r"parameter: the payload \[\[1\.0, 2\.0\], \[3\.0\]\] is ragged", "same length")
+def a_ragged_parameter():
+    record(lambda t: t.parameter([[1.0, 2.0], [3.0]]))
 
 
 @case(ShapeError, "give a default, or shape=")

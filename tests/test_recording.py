@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -90,8 +91,9 @@ def test_python_numbers_and_lists_record_as_float64():
         (np.arange(3), ["int64", "selection"]),
         (np.zeros(3, np.float16), ["float16", "float32"]),
         (np.zeros((2, 0), F32), ["empty", "[2, 0]"]),
+        ([[1.0, 2.0], [3.0]], ["leaf: the payload [[1.0, 2.0], [3.0]] is ragged", "same length"]),
     ],
-    ids=["integer-array", "float16", "empty"],
+    ids=["integer-array", "float16", "empty", "ragged"],
 )
 def test_unsupported_source_payloads_raise_shape_error_at_the_line(payload, words):
     def model(tape):
@@ -221,18 +223,64 @@ def test_a_lifted_number_and_a_broadcast_payload_are_stored_as_one_element(eleme
     assert network.entry([out]).lower().digest() != other.entry([out2]).lower().digest()
 
 
-def test_a_bool_or_a_string_next_to_a_value_is_a_type_error():
+def test_a_bool_or_a_string_next_to_a_value_is_a_shape_error_that_records_nothing():
     def model(tape):
         x = tape.input(1.0)
-        for other in (True, "2"):
-            with pytest.raises(TypeError):
+        for other in (True, "2", [1.0], 1j, None):
+            with pytest.raises(ShapeError):
                 x * other
-            with pytest.raises(TypeError):
+            with pytest.raises(ShapeError):
                 other + x
         return x
 
     network, _ = Tape.record(model)
     assert len(network) == 1  # nothing recorded by the refused expressions
+
+
+def test_numpy_arrays_and_scalars_on_either_side_of_a_value_still_record():
+    def model(tape):
+        x = tape.input(np.ones(3, np.float32))
+        return (np.ones(3, np.float32) + x, np.float64(2) * x, x * np.float32(3), x ** np.int64(2),
+                x * ml_dtypes.bfloat16(2), ml_dtypes.bfloat16(2) * x)
+
+    network, results = Tape.record(model)
+    run = network.forward(network.parameters())
+    for got, want in zip(results, (2.0, 2.0, 3.0, 1.0, 2.0, 2.0)):
+        assert network.node(got).dtype == np.float32
+        assert np.array_equal(run[got], np.full(3, want, np.float32))
+
+
+def test_a_type_that_takes_a_value_in_its_reflected_operator_keeps_its_turn():
+    class Takes:
+        def __radd__(self, other):
+            return ("taken", other.shape)
+
+    network, taken = Tape.record(lambda t: t.input(np.ones(3)) + Takes())
+    assert taken == ("taken", (3,)) and len(network) == 1
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf"), 16777217, 3.4e38, -1e-300],
+                         ids=["nan", "inf", "-inf", "rounds", "near-max", "underflows"])
+def test_numbers_that_round_or_are_not_finite_still_lift_into_f32(number):
+    network, out = Tape.record(lambda t: t.input(np.ones(2, np.float32)) * number)
+    leaf = network.nodes()[1]
+    with np.errstate(over="ignore"):
+        want = np.float32(number)
+    assert np.array_equal(network.payload(leaf.symbol), np.full(2, want), equal_nan=True)
+
+
+@pytest.mark.parametrize("element, number", [(np.float32, 1e300), (np.float32, 10**39), (np.float64, 10**400),
+                                             (ml_dtypes.bfloat16, -1e39)], ids=["f32", "f32-int", "f64", "bf16"])
+def test_a_number_that_would_become_inf_is_refused_naming_the_element_type(element, number):
+    def model(tape):
+        x = tape.input(np.ones(2, element))
+        with pytest.raises(ShapeError, match="does not fit") as caught:
+            number + x
+        return str(caught.value)
+
+    network, message = Tape.record(model)
+    assert "largest" in message and "scale it" in message and len(network) == 1
+    assert ("record the Value in float64" in message) == (element is not np.float64)
 
 
 # ---- errors at the user's line -------------------------------------------------------------------

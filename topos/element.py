@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -207,6 +207,41 @@ def convert(value, dtype) -> np.ndarray:
     if element is not None and element.narrow and array.dtype != element.compute:
         return element.rounding(array.astype(np.float64))  # type: ignore[misc]
     return array.astype(dtype)
+
+
+class Overflow(NamedTuple):
+    """A finite number an element type cannot hold: ``convert`` would make it ``became`` (inf, -inf)."""
+
+    number: float
+    at: tuple[int, ...]  # its position in the array; () for a scalar
+    element: str  # the element type's short name (f32)
+    largest: float  # its largest finite magnitude
+    became: str
+
+    def __str__(self) -> str:
+        where = f" at position {self.at}" if self.at else ""
+        return (f"{self.number!r}{where}: {self.element} holds magnitudes up to {self.largest:.6g} and this "
+                f"would become {self.became}")
+
+
+def convert_checked(value, dtype) -> tuple[np.ndarray, Overflow | None]:
+    """``convert(value, dtype)``, and the first finite number it turned into inf or NaN (None if none).
+
+    A conversion rounds; it must not overflow without a word. Each caller
+    refuses an Overflow with its own error (a feed's, a slot's, a seed's).
+    """
+    array = np.asarray(value)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported, not warned about
+        converted = convert(array, dtype)
+        if array.dtype == converted.dtype or array.dtype.kind not in "fiu":
+            return converted, None
+        wide = array.astype(np.float64)
+        lost = np.isfinite(wide) & ~np.isfinite(converted.astype(np.float64))
+    if not lost.any():
+        return converted, None
+    at = tuple(int(k) for k in np.argwhere(lost)[0])
+    return converted, Overflow(float(wide[at]), at, short_name(converted.dtype),
+                               float(ml_dtypes.finfo(converted.dtype).max), str(converted[at]))
 
 
 # ---- registering an element ---------------------------------------------------------------
@@ -585,6 +620,11 @@ class Selection:
         extent = self.extent
         if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:
             raise ShapeError(f"selection extent must be a positive integer, got {extent!r}")
+        if not np.size(self.indices):  # before the type: NumPy calls [] float64, and it could never be used
+            raise ShapeError(
+                f"a selection needs at least one index, got none (shape {list(np.shape(self.indices))}); "
+                "recorded tensors are never empty: pick at least one row"
+            )
         array = integer_indices(self.indices)
         check_indices(array, int(extent))
         object.__setattr__(self, "indices", _sealed(array))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -46,7 +46,11 @@ class Recordable:
 
     # -- plumbing ----------------------------------------------------------------------
     def _lift(self, other):
-        """A Python number or an array beside a payload becomes a constant of its shape and dtype."""
+        """A Python number or an array beside a payload becomes a constant of its shape and dtype.
+
+        NotImplemented for anything else; ``_binary`` decides between
+        Python's protocol and a refusal.
+        """
         if isinstance(other, Recordable):
             return other
         if not isinstance(self.dtype, np.dtype):
@@ -56,11 +60,12 @@ class Recordable:
                 f"a selection ({self.shape} {self.dtype}) has no arithmetic; selections are indices, "
                 "used only as the index operand of gather or scatter"
             )
-        if isinstance(other, numbers.Real) and not isinstance(other, bool):
+        if isinstance(other, (bool, np.bool_)):
+            return NotImplemented  # True is not 1.0 here, as a boolean array is not: refused by _binary
+        if isinstance(other, numbers.Real) or _is_element_scalar(other):
             from .copies import splat
-            from .element import convert
 
-            return self._constant(splat(convert(np.float64(other), self.dtype), self.shape))
+            return self._constant(splat(self._number(other), self.shape))
         if isinstance(other, np.ndarray):
             if other.dtype != self.dtype:
                 from .errors import ShapeError
@@ -72,11 +77,29 @@ class Recordable:
             return self._constant(other)
         return NotImplemented
 
+    def _number(self, number) -> np.ndarray:
+        """``number`` in this payload's element type, or a ShapeError when it would become inf."""
+        from .element import convert_checked
+
+        try:
+            wide = np.float64(number)
+        except OverflowError:  # a Python int past float64's range (10**400)
+            raise _number_too_large(self, number) from None
+        element, overflow = convert_checked(wide, self.dtype)  # NaN and inf are numbers a tensor holds
+        if overflow is not None:
+            raise _number_too_large(self, number)
+        return element
+
     def _binary(self, name, other, reverse=False):
-        other = self._lift(other)
-        if other is NotImplemented:
-            return NotImplemented
-        operands = (other, self) if reverse else (self, other)
+        lifted = self._lift(other)
+        if lifted is NotImplemented:
+            # Python's protocol: ``x + other`` first asks x, then other.__radd__. A type that
+            # may handle a Value there keeps its turn; the rest are refused by name.
+            reflected = _REFLECTED.get(name)
+            if not reverse and reflected is not None and _may_handle(other, reflected):
+                return NotImplemented
+            raise _unsupported_operand(self, name, other)
+        operands = (lifted, self) if reverse else (self, lifted)
         return self._express(_OP(name), operands, {})
 
     def _unary(self, name, **attributes):
@@ -260,6 +283,12 @@ class Recordable:
 
     def softmax(self, axis: int):
         """exp(log_softmax(x))."""
+        if not _is_axis(axis, self.ndim):
+            raise _refusal(
+                f"softmax: axis {axis!r} is out of range for shape {list(self.shape)} (rank {self.ndim})",
+                (f"topos axes are 0..{self.ndim - 1}" if self.ndim else "a rank-0 tensor has no axes")
+                + ", and negative axes are not taken here (topos.nn.functional.softmax(x, -1) resolves them)",
+            )
         return self.log_softmax(axis).exp()
 
     def mean(self):
@@ -297,7 +326,7 @@ class Recordable:
 
     def broadcast_to(self, shape: Sequence[int]):
         """NumPy's broadcasting rule, recorded as reshape and broadcast_along (or one broadcast)."""
-        return _broadcast_to(self, tuple(shape))
+        return _broadcast_to(self, (shape,) if isinstance(shape, numbers.Integral) else tuple(shape))
 
     def broadcast_like(self, other):
         return self.broadcast_to(other.shape)
@@ -312,6 +341,11 @@ def _inferred_shape(source, shape) -> tuple:
     if isinstance(shape, numbers.Integral):
         shape = (shape,)
     shape = tuple(shape)
+    if not all(_is_extent(d) or (d == -1 and _is_extent(-d)) for d in shape):
+        raise _refusal(
+            f"reshape: shape {list(shape)} has an extent that is neither a positive int nor -1",
+            "extents are positive ints, with at most one -1 (inferred from the number of elements)",
+        )
     holes = [i for i, d in enumerate(shape) if isinstance(d, numbers.Integral) and d == -1]
     if not holes:
         return shape
@@ -334,8 +368,110 @@ def _refusal(detail: str, hint: str) -> Exception:
     return ShapeError(f"{user_site()}: {detail}\n  hint: {hint}")
 
 
+_REFLECTED = {
+    "add": "__radd__", "sub": "__rsub__", "mul": "__rmul__",
+    "div": "__rtruediv__", "pow": "__rpow__", "matmul": "__rmatmul__",
+}  # the opcodes spelled as operators, and the method Python asks of the right operand next
+
+
+def _may_handle(other, reflected: str) -> bool:
+    """True when ``other``'s type may take a payload in its reflected operator (a user's own type).
+
+    Built-in and NumPy types, and torch or jax tensors, do not: they return
+    NotImplemented and Python's own TypeError would follow, without a fix.
+    """
+    if type(other).__module__ in ("builtins", "numpy") or isinstance(other, np.generic) or _foreign(other):
+        return False
+    return hasattr(type(other), reflected)
+
+
+def _foreign(other) -> bool:
+    """A torch tensor, a jax array or another DLPack exporter (``topos.interop.numpy_array`` reads them)."""
+    if isinstance(other, (np.ndarray, np.generic)):
+        return False
+    return _type_name(other).split(".")[0] in ("torch", "jax", "jaxlib") or hasattr(other, "__dlpack__")
+
+
+def _type_name(other) -> str:
+    kind = type(other)
+    if kind.__module__ == "builtins":
+        return kind.__name__
+    return f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
+def _is_element_scalar(other) -> bool:
+    """A NumPy or ml_dtypes scalar of a registered element type (``ml_dtypes.bfloat16(2)``): a number."""
+    from .element import is_element
+
+    return isinstance(other, np.generic) and is_element(other.dtype)
+
+
+def _described(x) -> str:
+    return f"{_spec(x)} {type(x).__name__}"
+
+
+def _unsupported_operand(x, name: str, other) -> Exception:
+    """The ShapeError for an operand arithmetic does not take, naming its type and the fix."""
+    from .errors import ShapeError
+
+    beside = f"beside a {_described(x)}"
+    if isinstance(other, (bool, np.bool_)):
+        detail = (f"the bool {other!r} {beside} is refused (True is not 1.0 here, as a boolean array is not); "
+                  "write the number: 1.0 or 0.0, or float(flag)")
+    elif isinstance(other, (numbers.Complex, np.complexfloating)):
+        detail = (f"the complex number {other!r} {beside}: complex numbers are not supported; "
+                  "pass the real part (z.real), or record real and imaginary parts as two Values")
+    elif isinstance(other, (list, tuple)):
+        detail = (f"a {type(other).__name__} {beside}; lists are not lifted: pass np.asarray(values, dtype=x.dtype), "
+                  "or record it once with tape.leaf(np.asarray(values, dtype=x.dtype))")
+    elif isinstance(other, (str, bytes)):
+        detail = (f"the {type(other).__name__} {other!r} {beside}: text has no arithmetic; "
+                  "convert it to a number first: float(text)")
+    elif _foreign(other):
+        detail = (f"a {_type_name(other)} {beside}; convert it to NumPy with topos.interop.numpy_array(tensor), "
+                  "in the Value's element type, or record it as an input: "
+                  "tape.input(topos.interop.numpy_array(tensor))")
+    else:
+        what = "None" if other is None else f"a {_type_name(other)}"
+        detail = (f"{what} {beside} is not supported; arithmetic takes Python numbers, "
+                  "NumPy arrays of the Value's element type, or Values of the same tape")
+    return ShapeError(f"{name}: {detail}")
+
+
+def _number_too_large(x, number) -> Exception:
+    """The ShapeError for a finite number that would become inf in ``x``'s element type."""
+    import decimal
+
+    import ml_dtypes
+
+    from .element import short_name
+    from .errors import ShapeError
+
+    element = short_name(x.dtype)
+    try:
+        text = f"{float(number):.6g}"
+    except OverflowError:  # an int past float64: 10**400 reads 1e+400
+        mantissa, exponent = f"{decimal.Decimal(int(number)):.6e}".split("e")
+        text = f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+    largest = float(ml_dtypes.finfo(x.dtype).max)
+    wider = "" if x.dtype == np.float64 else ", or record the Value in float64"
+    return ShapeError(
+        f"the number {text} beside a {_described(x)} does not fit {element} (largest {largest:.6g}); "
+        f"scale it{wider}"
+    )
+
+
+def _is_extent(d) -> bool:
+    return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and bool(d >= 1)
+
+
 def _broadcast_to(x, shape):
     source = x.shape
+    if not all(_is_extent(d) for d in shape):
+        raise _refusal(
+            f"broadcast_to: the target shape {list(shape)} has an extent that is not a positive int",
+            "every extent of the target is an int >= 1; NumPy's -1 is not taken here: spell the extent out",
+        )
     if len(source) > len(shape) or any(
         s not in (1, t) for s, t in zip(reversed(source), reversed(shape))
     ):
@@ -359,21 +495,25 @@ def _broadcast_to(x, shape):
 
 
 def concat(values: Sequence[Recordable], axis: int):
-    """Join tensors along an existing axis: each is zero-padded to the total and summed."""
-    values = list(values)
-    if not values:
-        raise ValueError("concat needs at least one value")
+    """Join tensors along an existing axis: each is zero-padded to the total and summed.
+
+    Spelled with pad and add, so a -0.0 element comes out as +0.0
+    (-0.0 + 0.0), as in the compiled step.
+    """
+    values = _joined_operands("concat", values)
     first = values[0]
-    if not 0 <= axis < first.ndim:
+    if not _is_axis(axis, first.ndim):
         raise _refusal(
-            f"concat: axis {axis} is out of range for shape {list(first.shape)}",
-            f"join along an existing axis 0..{first.ndim - 1}, or stack along a new one",
+            f"concat: axis {axis!r} is out of range for operand 0 {_spec(first)} (rank {first.ndim})",
+            f"join along an existing axis 0..{first.ndim - 1} (negative axes are not taken), "
+            "or stack along a new one",
         )
-    for v in values[1:]:
+    for position, v in enumerate(values[1:], start=1):
         others = [i for i in range(first.ndim) if i != axis]
         if v.ndim != first.ndim or any(v.shape[i] != first.shape[i] for i in others):
             raise _refusal(
-                f"concat: shapes {list(first.shape)} and {list(v.shape)} differ outside axis {axis}",
+                f"concat: shapes {list(first.shape)} and {list(v.shape)} differ outside axis {axis} "
+                f"(operands 0 and {position})",
                 "every operand must match the others on all axes but the joined one",
             )
     total = sum(v.shape[axis] for v in values)
@@ -387,7 +527,55 @@ def concat(values: Sequence[Recordable], axis: int):
 
 def stack(values: Sequence[Recordable], axis: int):
     """Join equal-shaped tensors along a new axis."""
+    values = _joined_operands("stack", values)
+    first = values[0]
+    if not _is_axis(axis, first.ndim + 1):
+        raise _refusal(
+            f"stack: axis {axis!r} is out of range for operands of shape {list(first.shape)}",
+            f"the new axis goes at a position 0..{first.ndim} (negative axes are not taken)",
+        )
+    for position, v in enumerate(values[1:], start=1):
+        if v.shape != first.shape:
+            raise _refusal(
+                f"stack: shapes {list(first.shape)} and {list(v.shape)} differ (operands 0 and {position})",
+                "stack joins equal-shaped tensors along a new axis; concat joins along an existing one",
+            )
     return concat([v.unsqueeze(axis) for v in values], axis)
+
+
+def _joined_operands(what: str, values) -> list:
+    """concat's or stack's operands as a list of payloads of one element type, or a refusal naming the bad one."""
+    if isinstance(values, Recordable) or not isinstance(values, (Sequence, Iterator)) or isinstance(values, str):
+        raise _refusal(
+            f"{what}: takes a list of Values, got a {_type_name(values)}",
+            f"pass them in a list: topos.{what}([a, b], axis)",
+        )
+    values = list(values)
+    if not values:
+        raise _refusal(f"{what}: no operands", f"pass at least one Value: topos.{what}([a, b], axis)")
+    for position, v in enumerate(values):
+        if not isinstance(v, Recordable):
+            fix = ("record it first with tape.leaf(topos.interop.numpy_array(tensor))" if _foreign(v)
+                   else "record it first with tape.leaf(array)")
+            raise _refusal(f"{what}: operand {position} is a {_type_name(v)}", fix)
+    first = values[0]
+    for position, v in enumerate(values[1:], start=1):
+        if v.dtype != first.dtype:
+            raise _refusal(
+                f"{what}: element types differ: operand 0 is {_spec(first)}, operand {position} is {_spec(v)}",
+                "every operand must have the same element type; record them all in one dtype",
+            )
+    return values
+
+
+def _is_axis(axis, bound: int) -> bool:
+    return isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and bool(0 <= axis < bound)
+
+
+def _spec(x) -> str:
+    from .element import short_name
+
+    return f"{list(x.shape)} {short_name(x.dtype)}"
 
 
 class Eager(Recordable):

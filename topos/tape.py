@@ -465,7 +465,7 @@ def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
         if is_splat(value):  # one stored element (a lifted number, np.broadcast_to): kept that way
             array = splat(splat_element(value), value.shape)
         else:
-            array = np.array(value)
+            array = _converted(value, kind, site)
             if array.dtype.kind in "iub" and not isinstance(value, np.ndarray):
                 array = array.astype(np.float64)  # a bare Python number or list means float64
         if not is_element(array.dtype):
@@ -478,6 +478,22 @@ def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
         raise ShapeError(f"{site}: {kind}: empty tensors (shape {list(array.shape)}) are not allowed")
     array.flags.writeable = False
     return array, dtype
+
+
+def _converted(value, kind: str, site: Site) -> np.ndarray:
+    """``np.array(value)``, or a ShapeError naming a payload NumPy cannot make one array of (a ragged list)."""
+    try:
+        return np.array(value)
+    except (ValueError, TypeError) as error:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        if "inhomogeneous" in str(error):
+            problem = "is ragged (its rows differ in length), so it is no tensor; give every row the same length"
+        else:
+            problem = f"does not convert to an array ({error}); pass numbers"
+        raise ShapeError(
+            f"{site}: {kind}: the payload {shown} {problem}, or pass a NumPy array of the shape you mean"
+        ) from None
 
 
 def detach(result):
