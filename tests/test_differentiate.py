@@ -494,6 +494,27 @@ def test_vjp_seed_of_the_wrong_shape_is_named():
         tape.vjp(x * 2.0, np.ones(3), [x])
 
 
+def test_vjp_seed_of_another_element_type_or_out_of_range_is_refused_not_narrowed():
+    def seeded(seed):
+        def model(tape):
+            w = tape.parameter(np.ones(3, np.float32))
+            return tape.vjp(w * w, seed, [w]).gradients[0]
+
+        network, gradient = Tape.record(model)
+        return network.forward(network.parameters())[gradient]
+
+    with pytest.raises(DifferentiationError, match=r"seed is float64 and the target %1 is f32; convert .*\.astype"):
+        seeded(np.full(3, 1e300))
+    with pytest.raises(DifferentiationError, match=r"seed is float64 .* f32"):
+        seeded(np.ones(3))  # in range too: an array keeps its type, as a feed's must
+    with pytest.raises(DifferentiationError, match=r"seed holds 1e\+300 at position \(1,\).*f32.*become inf"):
+        seeded([1.0, 1e300, 2.0])
+    with pytest.raises(DifferentiationError, match="seed .list. does not convert.*not numbers"):
+        seeded(["a", "b", "c"])
+    assert seeded(np.array([1.0, 2.0, 3.0], np.float32)).tolist() == [2.0, 4.0, 6.0]
+    assert seeded([1.0, 2.0, 3.0]).tolist() == [2.0, 4.0, 6.0]  # Python numbers convert
+
+
 def test_gradients_name_their_network_and_target():
     def model(tape):
         w = tape.parameter(np.float64(3.0))

@@ -189,6 +189,19 @@ def test_a_tangent_must_be_a_float_source_of_the_right_shape():
         jvp(network, parameters, None, {picks: np.zeros(2)})
 
 
+def test_a_tangent_of_another_element_type_or_out_of_range_is_refused_not_narrowed():
+    network, w = Tape.record(lambda tape: tape.parameter(np.ones(3, np.float32), name="w"))
+    parameters = network.parameters()
+    with pytest.raises(DifferentiationError, match=r"tangent of %0 is float64 and the parameter recorded at .* is f32"):
+        jvp(network, parameters, {}, {w: np.full(3, 1e300)})
+    with pytest.raises(DifferentiationError, match=r"tangent of %0 holds 1e\+300 .* f32.*become inf"):
+        jvp(network, parameters, {}, {"w": [1e300, 0.0, 0.0]})
+    _, tangents = jvp(network, parameters, {}, {w: np.array([1.0, 0.5, 0.0], np.float32)})
+    assert tangents[w].dtype == np.float32 and tangents[w].tolist() == [1.0, 0.5, 0.0]
+    _, tangents = jvp(network, parameters, {}, {w: [1, 2, 3]})  # Python numbers convert
+    assert tangents[w].dtype == np.float32 and tangents[w].tolist() == [1.0, 2.0, 3.0]
+
+
 def test_a_dual_over_tape_values_records_its_tangent_as_nodes():
     w0, v0 = np.array([0.5, -1.0]), np.array([1.0, 2.0])
 

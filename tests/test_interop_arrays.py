@@ -11,6 +11,7 @@ import pytest
 
 import topos
 from topos import FeedError, Tape
+from topos.errors import ArgumentError
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -120,6 +121,58 @@ def test_float64_into_jax_without_64_bit_mode_is_refused_not_rounded():
         pytest.skip("jax's 64-bit mode is on in this process")
     with pytest.raises(JaxPrecisionError, match="jax_enable_x64"):
         jax_array(np.ones(3, np.float64))
+
+
+@pytest.mark.parametrize("dtype, value, wrapped", [
+    pytest.param(np.int64, 2**40, 0, id="int64-big"),
+    pytest.param(np.int64, -2**33 + 5, 5, id="int64-negative"),
+    pytest.param(np.uint64, 2**33 + 7, 7, id="uint64"),
+])
+def test_a_64_bit_integer_jax_cannot_hold_without_64_bit_mode_is_refused_not_wrapped(dtype, value, wrapped):
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax's 64-bit mode is on in this process")
+    array = np.array([1, value], dtype)
+    with pytest.raises(JaxPrecisionError, match=rf"holds {value} at position \(1,\), outside u?int32's range.*"
+                                                rf"wrap that value to {wrapped}.*jax_enable_x64"):
+        jax_array(array)
+    with pytest.raises(JaxPrecisionError, match="jax_enable_x64"):
+        jax_array(dtype(value))  # a NumPy scalar too
+    within = jax_array(np.array([7, -3 if dtype == np.int64 else 3], dtype))  # in range: narrowed exactly
+    assert within.dtype == {np.int64: np.int32, np.uint64: np.uint32}[dtype] and within.tolist()[0] == 7
+
+
+def test_a_64_bit_integer_keeps_its_width_in_64_bit_mode(x64):
+    array = np.array([2**40, -2**33 + 5], np.int64)
+    assert jax_array(array).dtype == np.int64 and jax_array(array).tolist() == array.tolist()
+
+
+@pytest.mark.parametrize("call, given, hint", [
+    pytest.param(lambda v: torch_tensor(v), "Symbol", r"pass a run's result, run\[symbol\]", id="torch_tensor-symbol"),
+    pytest.param(lambda v: torch_tensor([1.0, 2.0]), "list", r"torch\.tensor\(x\)", id="torch_tensor-list"),
+    pytest.param(lambda v: jax_array(topos.selection([1, 2], 3)), "Selection", r"selection\.indices",
+                 id="jax_array-selection"),
+    pytest.param(lambda v: numpy_array([1, 2]), "list", "np.asarray", id="numpy_array-list"),
+])
+def test_what_the_array_functions_do_not_take_is_an_argument_error_saying_what_to_pass(call, given, hint):
+    network, (w, x, y, *_rest) = _model(topos.float32)
+    with pytest.raises(ArgumentError, match=rf"test_interop_arrays.py:\d+ .*got {given}.*{hint}") as caught:
+        call(y)
+    assert isinstance(caught.value, TypeError)  # what the built-in check it replaces raised
+    with pytest.raises(ArgumentError, match="jax_arrays takes a Parameters table or ResidentParameters.*got int"):
+        jax_arrays(5)
+
+
+def test_a_tensor_on_the_meta_device_is_refused_by_name_and_device():
+    network, (w, *_rest) = _model(topos.float32)
+    meta = torch.ones(8, 8, device="meta")
+    with pytest.raises(ArgumentError, match="numpy_array cannot read a Tensor on torch's meta device.*no numbers.*"
+                                            "to_empty"):
+        numpy_array(meta)
+    with pytest.raises(FeedError, match="slot w: parameters_from cannot read a Tensor on torch's meta device"):
+        parameters_from(network, {"w": meta})
+    with pytest.raises(FeedError, match="parameter w: the Tensor .* does not convert"):
+        network.parameters({"w": meta})
+    assert numpy_array(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # a tensor with data reads as before
 
 
 # ---- feeds -------------------------------------------------------------------------------------

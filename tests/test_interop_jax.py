@@ -32,7 +32,7 @@ from topos.dialect import conformance_cases  # noqa: E402
 from topos.dialect.conformance import END_TO_END_ULPS, TABLE  # noqa: E402
 from topos.dialect.conformance_cases import FAMILIES, FamilyResult  # noqa: E402
 from topos.element import short_name  # noqa: E402
-from topos.errors import FeedError, ToposError  # noqa: E402
+from topos.errors import ArgumentError, DifferentiationError, FeedError  # noqa: E402
 from topos.interop import jax as xla  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,11 +317,24 @@ def test_selections_cross_as_int32_without_x64_and_the_emitted_main_runs_unchang
     assert float(small) == float(large) == float(network.forward(network.parameters(), {"picks": [1, 2, 1]})[out])
 
 
-def test_jax_grad_through_a_plan_points_at_tape_differentiate():
+def test_jax_grad_through_a_plan_points_at_tape_differentiate_from_the_users_line():
     network, out = Tape.record(lambda tape: tape.input(np.ones(2, np.float32)).tanh().sum())
     function = xla.to_jax(network.entry([out]).lower())
-    with pytest.raises(ToposError, match="tape.differentiate"):
+    with pytest.raises(xla.JaxDerivativeError, match="tape.differentiate") as caught:
         jax.grad(lambda x: function(x)[0])(np.ones(2, np.float32))
+    assert isinstance(caught.value, DifferentiationError)
+    # jax asks for the derivative from inside its backward pass: the site named is this line, not jax's
+    assert str(caught.value).startswith(f"{__file__}:"), str(caught.value)
+    assert np.isclose(float(function(np.zeros(2, np.float32))[0]), 0.0)  # the forward still runs
+
+
+def test_to_jax_of_something_else_is_an_argument_error_saying_what_it_takes():
+    network, out = Tape.record(lambda tape: tape.input(np.ones(2, np.float32)).tanh().sum())
+    with pytest.raises(ArgumentError, match=r"to_jax takes a Plan, an Entry or a CompiledPlan, got Network; "
+                                            r"lower an entry of it first") as caught:
+        xla.to_jax(network)
+    assert isinstance(caught.value, TypeError)
+    assert xla.to_jax(network.entry([out])).results  # an Entry is lowered
 
 
 def test_arguments_are_checked_by_count_and_by_type():
@@ -331,6 +344,31 @@ def test_arguments_are_checked_by_count_and_by_type():
         function()
     with pytest.raises(FeedError, match=r"argument 0 \(x\)"):
         function(np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["x64-off", "x64-on"])
+def test_numpy_arguments_jax_would_change_without_a_word_are_refused(on):
+    def model(tape):
+        table = tape.parameter(np.arange(12, dtype=np.float32).reshape(4, 3), name="table")
+        picks = tape.input(topos.selection([3, 0, 3], 4), name="picks")
+        return table.gather(picks).sum()
+
+    network, out = Tape.record(model)
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with x64(on):
+        function = xla.to_jax(network.entry([out]).lower())
+        index = np.int64 if on else np.int32
+        with pytest.raises(FeedError, match=r"argument 0 \(table\) is float32, got a float64 array.*astype"):
+            function(np.full((4, 3), 1e300), np.array([1, 2, 1], index))  # 32-bit mode would make it inf
+        with pytest.raises(FeedError, match=r"argument 1 \(picks\) is a selection: selection index 4294967297 "
+                                            r"at position \(0,\) is outside \[0, 4\)"):
+            function(table, np.array([2**32 + 1, 2, 1], np.int64))  # 32-bit mode would wrap it to row 1
+        with pytest.raises(FeedError, match=r"selection index 7 .* outside \[0, 4\)"):
+            function(table, np.array([7, 2, 1], index))  # XLA would clamp it to row 3
+        (total,) = function(table, np.array([1, 2, 1], index))
+        assert float(total) == float(network.forward(network.parameters(), {"picks": [1, 2, 1]})[out])
+        (total,) = jax.jit(function)(jax.numpy.asarray(table), jax.numpy.asarray(np.array([1, 2, 1], index)))
+        assert float(total) == float(network.forward(network.parameters(), {"picks": [1, 2, 1]})[out])
 
 
 def test_results_are_read_only_copies_and_bf16_stays_bf16():

@@ -181,6 +181,32 @@ def test_with_payloads_replaces_some_slots_and_checks_them(recorded):
         parameters.with_payloads({x: np.zeros((1, 2), F32)})
 
 
+def test_a_value_the_slot_type_cannot_hold_is_refused_not_made_inf(recorded):
+    _, parameters, (w, b, *_) = recorded
+    with np.errstate(all="raise"):  # no RuntimeWarning on the way to the error either
+        with pytest.raises(FeedError, match=r"parameter %0 is f32, which cannot hold the float64 value 1e\+300.*"
+                                            r"becom.* inf.*scale the value into range"):
+            parameters.with_payloads({w: np.full((2, 2), 1e300)})
+        with pytest.raises(FeedError, match=r"cannot hold .* 3e\+39 at position \(1,\)"):
+            parameters.with_payloads({b: [1.0, 3e39]})  # a Python list converts, and is range-checked too
+        with pytest.raises(FeedError, match="cannot hold .* 1e\\+300"):
+            parameters.step(parameters, lambda p, g: np.full(p.shape, 1e300))  # a rule returning float64
+        with pytest.raises(FeedError, match="cannot hold"):
+            parameters.map(lambda a: a.astype(np.float64) * 1e39)
+    # in range, a wider float (array or list) is rounded once to the slot's type, as documented
+    assert parameters.with_payloads({w: np.full((2, 2), 0.1)})[w].tolist() == np.full((2, 2), 0.1, F32).tolist()
+    assert parameters.with_payloads({b: [0.5, -1.0]})[b].dtype == F32
+    assert np.isinf(parameters.with_payloads({b: [np.inf, 1.0]})[b][0])  # an infinity stays one
+
+
+def test_an_update_that_is_not_an_array_is_a_feed_error_naming_the_slot(recorded):
+    _, parameters, (w, *_) = recorded
+    with pytest.raises(FeedError, match=r"parameter %0: the list .* does not convert"):
+        parameters.with_payloads({w: [[1.0, 2.0], [3.0]]})
+    with pytest.raises(FeedError, match="element type int64, the slot holds f32.*astype"):
+        parameters.with_payloads({w: np.zeros((2, 2), np.int64)})
+
+
 def test_forward_refuses_a_table_of_another_network(recorded):
     network, _, _ = recorded
     other, _ = Tape.record(_model)

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from .copies import own
-from .element import convert
+from .element import convert_checked, host_array, short_name
 from .errors import DifferentiationError, SymbolError
+from .interpret import _conversion
 from .recordable import Eager
 
 
@@ -308,7 +309,7 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
     elif isinstance(seed, Value) or hasattr(seed, "symbol"):
         seed_value = _on_tape(tape, seed, "seed")
     else:
-        seed_value = tape.leaf(convert(seed, spec.dtype))
+        seed_value = tape.leaf(direction_array(seed, spec.dtype, "the seed", f"the target {target_value.symbol!r}"))
     if seed_value.shape != spec.shape or seed_value.dtype != spec.dtype:
         raise DifferentiationError(
             f"the seed has shape {list(seed_value.shape)} {seed_value.dtype}, "
@@ -323,6 +324,41 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
         gradients.append(g)
     kept = _compact(tape, start, [seed_value, *gradients])
     return Adjoints(target_value, wrt_values, tuple(Value(tape, kept[g._index]) for g in gradients))
+
+
+def direction_array(value, dtype, what: str, of: str) -> np.ndarray:
+    """A seed or a tangent as an array of ``dtype``, checked as a feed is; else a DifferentiationError.
+
+    An array (NumPy, a torch tensor, a jax array) must have the element
+    type already: rounding it quietly would hide a float64 direction
+    fed to a float32 model. Python numbers and lists are converted,
+    rounding once, and a finite one ``dtype`` cannot hold (it would
+    become inf) is refused. ``what`` names the value ("the seed"),
+    ``of`` the node it must fit ("the target %3").
+    """
+    try:
+        array = host_array(value)
+        fed_as_array = isinstance(array, (np.ndarray, np.generic))
+        array = np.asarray(array)
+        if not fed_as_array and array.dtype.kind not in "fiu":
+            raise TypeError(f"its elements are {array.dtype}, not numbers")
+    except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as error:
+        raise DifferentiationError(
+            f"{what} ({type(value).__name__}) does not convert to an array for {of} "
+            f"({short_name(dtype)}): {error}"
+        ) from None
+    if not fed_as_array:
+        converted, overflow = convert_checked(array, dtype)
+        if overflow is not None:
+            raise DifferentiationError(f"{what} holds {overflow} in {of}; scale it into range, or record the "
+                                       "model with a wider element type")
+        return converted
+    if array.dtype != dtype:
+        raise DifferentiationError(
+            f"{what} is {array.dtype} and {of} is {short_name(dtype)}; convert it with "
+            f"{_conversion(value, dtype)} first (topos does not round an array to another element type)"
+        )
+    return array
 
 
 def _on_tape(tape, x, role: str):

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from .copies import own
-from .element import convert, is_element, short_name
+from .differentiate import direction_array
+from .element import is_element, short_name
 from .errors import DifferentiationError, SymbolError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .opcodes import by_name
@@ -253,7 +254,9 @@ def jvp(network, parameters, feeds, tangents) -> tuple[Run, Tangents]:
     """Forward mode over every node: the run's values and their tangents along a direction.
 
     ``tangents`` maps parameters and inputs (Symbols or names) to arrays of
-    their shape: the direction. Sources it does not name have tangent zero.
+    their shape and element type (Python numbers and lists are converted,
+    a NumPy array of another type is refused): the direction. Sources it
+    does not name have tangent zero.
     The run's values are ``network.forward(parameters, feeds)``'s bits; the
     tangent at a node is its Jacobian-vector product along the direction.
     """
@@ -290,7 +293,7 @@ def _directions(network, tangents) -> dict[int, np.ndarray]:
                 f"a tangent was given for {symbol!r}, a selection (recorded at {site}); "
                 "selections are indices and have no tangent"
             )
-        array = convert(np.asarray(tangent), spec.dtype)
+        array = direction_array(tangent, spec.dtype, f"the tangent of {symbol!r}", f"the {kind} recorded at {site}")
         if array.shape != spec.shape:
             raise DifferentiationError(
                 f"the tangent of {symbol!r} has shape {list(array.shape)}, the node is "

@@ -8,10 +8,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-import ml_dtypes
 import numpy as np
 
-from .element import Selection, SelectionType, check_indices, convert, host_array, integer_indices, short_name
+from .element import (
+    Selection,
+    SelectionType,
+    check_indices,
+    convert_checked,
+    host_array,
+    integer_indices,
+    short_name,
+)
 from .errors import FeedError, SymbolError
 from .run import Run
 
@@ -189,34 +196,13 @@ def _as_array(where, value, spec, dtype=None) -> np.ndarray:
             f"({type(value).__name__}); feed numbers: float(flag) for one, "
             f"np.asarray(mask, np.{np.dtype(dtype).name}) for many"
         )
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by name
-        converted = convert(array, dtype)
-    if array.dtype.kind in "fiu" and converted.dtype != array.dtype:
-        _refuse_overflow(where, value, array, converted, spec)
+    converted, overflow = convert_checked(array, dtype)  # a NumPy array of another type was refused above
+    if overflow is not None:
+        raise FeedError(
+            f"{where} is {overflow.element}, which cannot hold the fed {type(value).__name__} {overflow}; "
+            "scale the value into range, or record the input with a wider element type"
+        )
     return converted
-
-
-def _refuse_overflow(where, value, array: np.ndarray, converted: np.ndarray, spec) -> None:
-    """A finite number the element type cannot hold would become inf (or NaN) silently: refuse it.
-
-    A NumPy array of another type is refused before this (its type must
-    match); this is the door for Python numbers and lists.
-    """
-    with np.errstate(over="ignore", invalid="ignore"):
-        wide = array.astype(np.float64)
-        lost = np.isfinite(wide) & ~np.isfinite(converted.astype(np.float64))
-    if not lost.any():
-        return
-    at = tuple(int(k) for k in np.argwhere(lost)[0])
-    number = float(wide[at])
-    what = f"{number!r}" if not at else f"{number!r} at position {at}"
-    largest = float(ml_dtypes.finfo(spec.dtype).max)
-    raise FeedError(
-        f"{where} is {short_name(spec.dtype)}, which cannot hold the fed {type(value).__name__} {what}: "
-        f"{short_name(spec.dtype)} holds magnitudes up to {largest:.6g} and this would become "
-        f"{converted[at]!s}; scale the value into range, or record the input "
-        "with a wider element type"
-    )
 
 
 def source_value(network, i, parameters, feeds):

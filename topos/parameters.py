@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .copies import own
-from .element import convert, host_array, is_element
+from .element import convert_checked, host_array, is_element, short_name
 from .errors import ArgumentError, FeedError, SymbolError
 from .symbol import Family, Symbol
 
@@ -148,9 +148,15 @@ class Parameters:
 
     # -- algebra: every result is a new table ---------------------------------------------
     def _rebuilt(self, arrays) -> Parameters:
+        """A table of ``arrays``, one per slot: shapes must match, and a float array is converted to the slot's type.
+
+        The conversion rounds once (``element.convert``): a float32 master
+        copy feeds a bfloat16 slot, a rule may return float64. A finite
+        value the slot's type cannot hold (it would become inf) is refused.
+        """
         checked = []
         for name, old, new in zip(self._names, self._arrays, arrays):
-            new = np.asarray(host_array(new))
+            new = _host(name, new)
             if new.shape != old.shape:
                 raise FeedError(
                     f"parameter {name}: the update has shape {list(new.shape)}, "
@@ -158,8 +164,17 @@ class Parameters:
                 )
             if new.dtype != old.dtype:
                 if new.dtype.kind not in "fV":
-                    raise FeedError(f"parameter {name}: the update has element type {new.dtype}")
-                new = convert(new, old.dtype)
+                    raise FeedError(
+                        f"parameter {name}: the update has element type {new.dtype}, the slot holds "
+                        f"{short_name(old.dtype)}; hand it floats (convert with .astype(...) first)"
+                    )
+                converted, overflow = convert_checked(new, old.dtype)
+                if overflow is not None:
+                    raise FeedError(
+                        f"parameter {name} is {overflow.element}, which cannot hold the {new.dtype} value "
+                        f"{overflow}; scale the value into range, or record the parameter with a wider element type"
+                    )
+                new = converted
             checked.append(new)
         return self._like(list(zip(self._symbols, checked)))
 
@@ -219,7 +234,13 @@ class Parameters:
         return self.map(lambda a: a / number)
 
     def with_payloads(self, pairs) -> Parameters:
-        """A new table with some slots replaced, by Symbol or by name (shape and element type checked)."""
+        """A new table with some slots replaced, by Symbol or by name.
+
+        Shapes must match. A float array of another type is converted to
+        the slot's type, rounding once (a float32 master copy into a
+        bfloat16 slot); an integer array, or a value the slot's type cannot
+        hold (``1e300`` into float32), is refused with a FeedError.
+        """
         replaced = list(self._arrays)
         for symbol, array in dict(pairs).items():
             replaced[self._slot(symbol)] = array
@@ -232,6 +253,17 @@ class Parameters:
             raise SymbolError("carried: the network belongs to another tape family")
         mine = dict(zip((s.index for s in self._symbols), self._arrays))
         return fresh._like([(s, mine.get(s.index, a)) for s, a in zip(fresh._symbols, fresh._arrays)])
+
+
+def _host(name: str, value) -> np.ndarray:
+    """A slot's new value (a NumPy array, a torch tensor or jax array, a list) as a NumPy array, else a FeedError."""
+    try:
+        return np.asarray(host_array(value))
+    except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as error:
+        raise FeedError(
+            f"parameter {name}: the {type(value).__name__} handed to it does not convert to a NumPy array "
+            f"({error}); hand it a NumPy array, or a tensor with data on the CPU"
+        ) from None
 
 
 def _number(scalar, operator: str):
@@ -255,7 +287,7 @@ def by_names(table: Parameters, source, strict: bool) -> Parameters:
             missing.append(name)
             arrays.append(initial)
             continue
-        array = np.asarray(host_array(named[name]))  # torch or jax arrays too (bf16 bit for bit)
+        array = _host(name, named[name])  # torch or jax arrays too (bf16 bit for bit)
         if array.shape != initial.shape or array.dtype != initial.dtype:
             mismatched.append(
                 f"{name}: the source holds {list(array.shape)} {array.dtype}, "

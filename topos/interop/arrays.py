@@ -43,7 +43,15 @@ What is shared and what is copied, and why (``docs/compiling.md``,
 
 jax's float64 needs its 64-bit mode (``jax.config.update("jax_enable_x64",
 True)``): without it jax would round a float64 array to float32 without
-a word, so ``jax_array`` refuses one with a ``JaxPrecisionError``.
+a word, so ``jax_array`` refuses one with a ``JaxPrecisionError``. An
+int64 (uint64) array becomes int32 (uint32) in that mode, which is exact
+for values in int32's (uint32's) range; a value outside it would wrap
+without a word, so ``jax_array`` refuses it with a ``JaxPrecisionError``.
+
+Something these functions do not take (a recorded Value, a list, a
+Selection) is an ``ArgumentError`` (a ``TypeError`` too) that says what to
+pass instead; a tensor NumPy cannot read (one on torch's meta device) is
+one that names its device.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ import numpy as np
 
 from ..copies import own
 from ..element import bfloat16, host_array
-from ..errors import SymbolError, ToposError
+from ..errors import ArgumentError, FeedError, SymbolError, ToposError
 
 
 class TorchMissingError(ToposError, ImportError):
@@ -90,9 +98,8 @@ def jax_array(x, *, copy: bool = False) -> Any:
         if copy or host.flags.writeable:  # jax arrays are immutable: no writable alias may back one
             host = own(host)
     else:
-        raise TypeError(_takes("jax_array", x))
-    _check_x64(jax, host.dtype)
-    return jax.device_put(host)
+        raise ArgumentError(_takes("jax_array", x))
+    return jax.device_put(_as_jax_holds(jax, host))
 
 
 def numpy_array(x) -> np.ndarray:
@@ -107,9 +114,9 @@ def numpy_array(x) -> np.ndarray:
         from topos.dialect.compiled import to_host
 
         return to_host(x)
-    array = host_array(x)
+    array = _host(x, "numpy_array")
     if not isinstance(array, (np.ndarray, np.generic)):
-        raise TypeError(
+        raise ArgumentError(
             f"numpy_array takes a torch tensor, a jax array, an object with __dlpack__ or an IREE DeviceArray, "
             f"got {type(x).__name__}; np.asarray reads other array-likes"
         )
@@ -148,7 +155,13 @@ def parameters_from(network, tensors: Mapping[str, Any], *, strict: bool = True)
     name, a shape or an element type that differs is that call's
     FeedError.
     """
-    return network.parameters({name: host_array(value) for name, value in dict(tensors).items()}, strict=strict)
+    arrays = {}
+    for name, value in dict(tensors).items():
+        try:
+            arrays[name] = _host(value, "parameters_from")
+        except ArgumentError as error:
+            raise FeedError(f"slot {name}: {error.bare}") from None
+    return network.parameters(arrays, strict=strict)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -178,14 +191,42 @@ def _jax():
     return jax
 
 
-def _check_x64(jax, dtype: np.dtype) -> None:
+_NARROWED_BY_JAX = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32)}
+"""What jax's 32-bit mode (``jax_enable_x64`` off) turns a 64-bit integer array into, wrapping what does not fit."""
+
+
+def _as_jax_holds(jax, host: np.ndarray) -> np.ndarray:
+    """``host`` as jax will hold it; what jax's 32-bit mode would change without a word is refused.
+
+    float64 would be rounded (nearly every value), so it is refused
+    outright; a 64-bit integer is exact in 32 bits when it fits, so only
+    a value outside the 32-bit range is refused, and the rest is narrowed
+    here (exactly) rather than by jax.
+    """
     from .jax import JaxPrecisionError
 
-    if dtype == np.float64 and not jax.config.jax_enable_x64:
+    if jax.config.jax_enable_x64:
+        return host
+    if host.dtype == np.float64:
         raise JaxPrecisionError(
             "a float64 array needs jax's 64-bit mode, which is off (jax would round it to float32 "
             "without a word): call jax.config.update(\"jax_enable_x64\", True) before making jax arrays"
         )
+    narrow = _NARROWED_BY_JAX.get(host.dtype)
+    if narrow is None:
+        return host
+    limits = np.iinfo(narrow)
+    outside = (host < limits.min) | (host > limits.max)
+    if outside.any():
+        at = tuple(int(k) for k in np.argwhere(outside)[0])
+        where = f" at position {at}" if at else ""
+        raise JaxPrecisionError(
+            f"this {host.dtype} array holds {int(host[at])}{where}, outside {narrow}'s range "
+            f"[{limits.min}, {limits.max}], and jax's 64-bit mode is off: jax would make it {narrow} and "
+            f"wrap that value to {int(np.asarray(host[at]).astype(narrow))} without a word. Call "
+            "jax.config.update(\"jax_enable_x64\", True) before making jax arrays"
+        )
+    return host.astype(narrow)  # a fresh array nobody else holds: jax may share it
 
 
 def _is_device_array(x) -> bool:
@@ -201,7 +242,41 @@ def _is_parameters(table) -> bool:
 
 def _takes(function: str, x) -> str:
     return (f"{function} takes a NumPy array (a run's result, a parameter) or an IREE DeviceArray "
-            f"(run.device(symbol), state.device(name)), got {type(x).__name__}")
+            f"(run.device(symbol), state.device(name)), got {type(x).__name__}{_instead(function, x)}")
+
+
+def _instead(function: str, x) -> str:
+    """What to pass in place of ``x``, for the usual near misses."""
+    from ..element import Selection
+    from ..symbol import Symbol
+
+    if isinstance(x, Selection):
+        return "; pass its indices (selection.indices)"
+    if isinstance(x, Symbol) or hasattr(x, "symbol"):  # a recorded node: its numbers are a run's
+        return "; a recorded node holds no numbers of its own: pass a run's result, run[symbol]"
+    if isinstance(x, (list, tuple, int, float)):
+        maker = "torch.tensor(x)" if function.startswith("torch") else "jax.numpy.asarray(x)"
+        return f"; {maker} makes one from Python numbers"
+    return ""
+
+
+def _host(x, function: str):
+    """``element.host_array(x)``, with a tensor NumPy cannot read refused by name and device."""
+    try:
+        return host_array(x)
+    except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as error:
+        device = getattr(x, "device", None)
+        if str(device) == "meta":
+            raise ArgumentError(
+                f"{function} cannot read a {type(x).__name__} on torch's meta device: it has a shape and an "
+                f"element type but no numbers ({error}); make one with data first (torch.empty_like(tensor, "
+                "device=\"cpu\"), or module.to_empty(device=\"cpu\") and then load or initialise it)"
+            ) from None
+        on = f" on device {device}" if device is not None else ""
+        raise ArgumentError(
+            f"{function} cannot read this {type(x).__name__}{on} as a NumPy array ({error}); "
+            "move it to the CPU first (tensor.cpu() for torch, jax.device_get(array) for jax)"
+        ) from None
 
 
 def _fresh_host_copy(x, function: str) -> np.ndarray:
@@ -212,7 +287,7 @@ def _fresh_host_copy(x, function: str) -> np.ndarray:
         return _writable(to_host(x))
     if isinstance(x, (np.ndarray, np.generic)):
         return np.array(x, order="C", copy=True)
-    raise TypeError(_takes(function, x))
+    raise ArgumentError(_takes(function, x))
 
 
 def _writable(array: np.ndarray) -> np.ndarray:
@@ -264,7 +339,7 @@ def _resident_slots(state, function: str):
     from topos.dialect.compiled import ResidentParameters
 
     if not isinstance(state, ResidentParameters):
-        raise TypeError(f"{function} takes a Parameters table or ResidentParameters (compiled.resident(...), "
+        raise ArgumentError(f"{function} takes a Parameters table or ResidentParameters (compiled.resident(...), "
                         f"a step's state), got {type(state).__name__}")
     host = None
     for name in state.names():

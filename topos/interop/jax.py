@@ -52,17 +52,19 @@ only when called, and a missing jax is a ``JaxMissingError`` that says
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
 
 from ..copies import own
-from ..element import SelectionType, is_element
-from ..errors import FeedError, SymbolError, ToposError
+from ..element import SelectionType, check_indices, is_element
+from ..errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
 from ..interpret import bind_feeds, bind_parameters, source_value
-from ..provenance import user_site
+from ..provenance import Site, _is_internal, user_site
 
 # The conformance target XLA's results are graded under. XLA's CPU client, like IREE's CPU
 # runtime, runs with subnormals flushed (measured: 1e-40 + 0 gives 0), and the conformance
@@ -83,6 +85,25 @@ class JaxPrecisionError(ToposError):
 
 class JaxModuleError(ToposError, RuntimeError):
     """jax or XLA refused the emitted module; the message carries what they said."""
+
+
+class JaxDerivativeError(DifferentiationError):
+    """jax was asked for the derivative of a plan (``jax.grad``, ``jax.vjp``): it belongs in the recording."""
+
+    def __init__(self, message: str):
+        # jax asks for the derivative from inside its own machinery (jax.grad's backward pass), so
+        # the user's line is the innermost frame outside jax as well as outside topos.
+        self.bare = message
+        ToposError.__init__(self, f"{_site_outside_jax()}: {message}")
+
+
+def _site_outside_jax() -> Site:
+    """The innermost stack frame outside topos, jax and jaxlib: the line that called jax.grad."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and (_is_internal(frame.f_code.co_filename)
+                                 or str(frame.f_globals.get("__name__", "")).split(".")[0] in ("jax", "jaxlib")):
+        frame = frame.f_back
+    return user_site() if frame is None else Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _jax():
@@ -140,7 +161,8 @@ def _plan_of(source):
     plan = getattr(source, "plan", None)  # a CompiledPlan
     if isinstance(plan, Plan):
         return plan
-    raise TypeError(f"to_jax takes a Plan, an Entry or a CompiledPlan, got {type(source).__name__}")
+    hint = "; lower an entry of it first: to_jax(network.entry([loss]).lower())" if hasattr(source, "entry") else ""
+    raise ArgumentError(f"to_jax takes a Plan, an Entry or a CompiledPlan, got {type(source).__name__}{hint}")
 
 
 def _check_precision(network, indices: Sequence[int], x64: bool) -> None:
@@ -193,8 +215,8 @@ def _exported(jax, network, arguments: Sequence[int], results: Sequence[int], te
 
 
 def _no_derivative(exported):
-    raise ToposError(
-        f"{user_site()}: jax cannot differentiate a topos plan: its derivative is more graph. Record it "
+    raise JaxDerivativeError(
+        "jax cannot differentiate a topos plan: its derivative is more graph. Record it "
         "with tape.differentiate(loss, parameters), put the gradients (or an optimizer's updates) in the "
         "entry, and call to_jax on that plan")
 
@@ -321,10 +343,36 @@ class JaxFunction:
             raise JaxPrecisionError(
                 f"{user_site()}: jax's 64-bit mode was {'on' if self._x64 else 'off'} when to_jax built this "
                 f"function and is {'off' if self._x64 else 'on'} now; call to_jax again")
+        self._check_numpy_arguments(arrays)
         try:
             return tuple(self.exported.call(*arrays))
         except ValueError as error:  # jax's own shape and dtype checks: name the argument
             raise FeedError(f"{user_site()}: {self._named(str(error))}") from None
+
+    def _check_numpy_arguments(self, arrays: Sequence) -> None:
+        """Refuse what jax would change without a word in a NumPy argument.
+
+        In jax's 32-bit mode a float64 array passed for a float32 argument
+        is rounded (and a large value becomes inf), and an int64 index is
+        wrapped to int32; XLA clamps an index outside the table to its last
+        row. Only NumPy arguments are checked: a jax array (or a tracer,
+        under jit) has jax's types already, and reading its values back from
+        the device for a check would cost a transfer.
+        """
+        for k, (symbol, array) in enumerate(zip(self.arguments, arrays)):
+            if not isinstance(array, (np.ndarray, np.generic)):
+                continue
+            dtype = self.network._specs[symbol.index].dtype
+            label = self.network._names.get(symbol.index, f"%{symbol.index}")
+            if isinstance(dtype, SelectionType):
+                try:
+                    check_indices(np.asarray(array), dtype.extent)
+                except ShapeError as error:
+                    raise FeedError(f"{user_site()}: argument {k} ({label}) is a selection: {error.bare}") from None
+            elif array.dtype != dtype:
+                raise FeedError(
+                    f"{user_site()}: argument {k} ({label}) is {np.dtype(dtype).name}, got a {array.dtype} array "
+                    f"(jax would convert it without a word); convert it with .astype(...) first")
 
     def _named(self, message: str) -> str:
         for k, symbol in reversed(list(enumerate(self.arguments))):
@@ -620,6 +668,7 @@ def _partitioned_scatter(network, report, values, sources):
 
 
 __all__ = [
-    "DIVERGENCES", "GRADED_AS", "Grade", "JaxFunction", "JaxMissingError", "JaxModuleError", "JaxPrecisionError",
+    "DIVERGENCES", "GRADED_AS", "Grade", "JaxDerivativeError", "JaxFunction", "JaxMissingError", "JaxModuleError",
+    "JaxPrecisionError",
     "JaxRun", "XlaDivergence", "grade", "to_jax", "x64_enabled",
 ]
