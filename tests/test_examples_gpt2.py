@@ -181,6 +181,66 @@ def test_a_file_missing_a_tensor_names_it(tmp_path):
             hf_gpt2.load(path, record_generation(TINY, draw=False)[0], TINY)
 
 
+GOOD_HF = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16, "vocab_size": 64}
+BAD_CONFIGS = {
+    "not UTF-8": (b"\xff\xfe{}", r"config\.json is not UTF-8 text \(byte 0xff at offset 0\).*put the model's own"),
+    "not JSON": (b"{n_layer: 2", r"config\.json is not JSON \(.*put the model's own config\.json there"),
+    "a list": (b"[1]", r"config\.json holds a JSON list, not an object of sizes.*n_layer, n_head"),
+    "missing keys": (json.dumps({"n_layer": 2, "n_embd": 32}).encode(),
+                     r"config\.json lacks n_head, n_positions, vocab_size; it must be a GPT-2 config\.json"),
+    "negative layers": (json.dumps({**GOOD_HF, "n_layer": -1}).encode(), r"n_layer is -1, not a positive int"),
+    "no heads": (json.dumps({**GOOD_HF, "n_head": 0}).encode(), r"n_head is 0, not a positive int"),
+    "a string size": (json.dumps({**GOOD_HF, "n_embd": "32"}).encode(), r"n_embd is '32', not a positive int"),
+    "a fractional size": (json.dumps({**GOOD_HF, "n_layer": 1.5}).encode(), r"n_layer is 1\.5, not a positive int"),
+    "heads not dividing": (json.dumps({**GOOD_HF, "n_head": 3}).encode(),
+                           r"is not a possible GPT-2: width 32 is not divisible by 3 heads"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_a_bad_config_json_is_a_checkpoint_error_naming_it(case, tmp_path):
+    path = write_hf(tmp_path / "model.safetensors", hf_state(TINY), TINY)
+    assert hf_gpt2.config_of(path) == TINY
+    data, message = BAD_CONFIGS[case]
+    path.with_name("config.json").write_bytes(data)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        hf_gpt2.config_of(path)
+    assert str(path.with_name("config.json")) in str(caught.value)
+    with pytest.raises(CheckpointError, match=r"missing from the file: h\.2\.ln_1\.weight"):  # the tensors' error
+        deeper = TINY.with_(layers=3)
+        hf_gpt2.load(path, record_generation(deeper, draw=False)[0], deeper)
+
+
+def test_shapes_that_are_not_a_gpt2_are_a_checkpoint_error(tmp_path):
+    state = hf_state(TINY)
+    path = write_hf(tmp_path / "model.safetensors", state)
+    assert hf_gpt2.config_of(path) == TINY.with_(heads=1)  # no config: width // 64 heads, at least one
+    state["wte.weight"] = state["wte.weight"][:, 0].contiguous()
+    path = write_hf(tmp_path / "model.safetensors", state)
+    with pytest.raises(CheckpointError, match=r"wte\.weight is \[64\] and wpe\.weight is \[16, 32\], but GPT-2's "
+                                              r"are \[vocabulary, width\].*put the model's config\.json beside"):
+        hf_gpt2.config_of(path)
+    path = write_hf(tmp_path / "model.safetensors", {"wte.weight": torch.zeros(64, 129),
+                                                     "wpe.weight": torch.zeros(16, 129),
+                                                     "h.0.ln_1.weight": torch.ones(129)})
+    with pytest.raises(CheckpointError, match=r"no config\.json beside it.*width 129 is not divisible by 2 heads"):
+        hf_gpt2.config_of(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"heads": 0}, r"GPT-2 heads must be a positive int, got 0"),
+    ({"layers": -1}, r"GPT-2 layers must be a positive int, got -1"),
+    ({"width": 4, "heads": 3}, r"width 4 is not divisible by 3 heads"),
+])
+def test_an_impossible_config_is_an_example_error_not_a_division_by_zero(changes, message):
+    with pytest.raises(ExampleError, match=message):
+        record_generation(TINY.with_(**changes), draw=False)
+    with pytest.raises(ExampleError, match=r"the cache length 17 must be an int in 1\.\.16"):
+        record_generation(TINY, length=17, draw=False)
+    with pytest.raises(ExampleError, match=r"unknown GPT-2 config 'huge'"):
+        Config.preset("huge")
+
+
 def test_the_124M_config_has_gpt2s_parameter_count():
     config = Config.preset("124M")
     assert config.parameter_count() == 124_439_808
@@ -317,6 +377,53 @@ def test_without_files_the_tokenizer_is_bytes():
     tokenizer = bpe.load()
     assert tokenizer.vocabulary == 256 and tokenizer.encode("añ") == [97, 195, 177]
     assert tokenizer.decode(tokenizer.encode("añ\n")) == "añ\n"
+
+
+def _symbols() -> dict:
+    return {s: i for i, s in enumerate(bpe.bytes_to_unicode().values())}
+
+
+BAD_VOCABULARIES = {
+    "a list": ([1], r"vocab\.json holds a JSON list, not an object of symbol -> id"),
+    "a string id": ({**_symbols(), "ab": "256"}, r"vocab\.json: 'ab' has the id '256', not a non-negative int"),
+    "a negative id": ({**_symbols(), "ab": -1}, r"vocab\.json: 'ab' has the id -1, not a non-negative int"),
+    "a shared id": ({**_symbols(), "a": _symbols()["b"]}, r"vocab\.json: 'b' and 'a' share the id 98"),
+    "a missing byte": ({s: i for s, i in _symbols().items() if s != "a"},
+                       r"vocab\.json lacks the symbol of byte 97 \('a'\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VOCABULARIES))
+def test_a_bad_vocab_json_is_an_example_error_naming_the_entry(case, tmp_path):
+    vocab, message = BAD_VOCABULARIES[case]
+    _tiny_bpe(tmp_path)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    with pytest.raises(ExampleError, match=message) as caught:
+        bpe.load(tmp_path)
+    assert str(tmp_path / "vocab.json") in str(caught.value) and "GPT-2's" in str(caught.value)
+
+
+def test_merges_that_vocab_json_cannot_spell_are_refused_at_load(tmp_path):
+    _tiny_bpe(tmp_path)
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nh e\nx y\n", encoding="utf-8")
+    with pytest.raises(ExampleError, match=r"merges\.txt: merge 1 \('x' 'y'\) makes 'xy', which .*vocab\.json lacks; "
+                                           r"vocab\.json and merges\.txt must come from the same tokenizer"):
+        bpe.load(tmp_path)
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nh e l\n", encoding="utf-8")
+    with pytest.raises(ExampleError, match=r"merges\.txt, line 2: 'h e l' is not two symbols separated by a space"):
+        bpe.load(tmp_path)
+
+
+@pytest.mark.parametrize("ids", [[99999], [-1], ["a"], [1.5]], ids=["past-the-end", "negative", "string", "float"])
+def test_decoding_an_id_outside_the_vocabulary_is_an_example_error(ids, tmp_path):
+    tokenizer = bpe.load(_tiny_bpe(tmp_path))
+    last = tokenizer.vocabulary - 1
+    with pytest.raises(ExampleError, match=rf"token id .* is not in the vocabulary; pass ids of 0\.\.{last} \(ints\)"):
+        tokenizer.decode([104] + ids)
+    with pytest.raises(ExampleError, match=r"token id .* is not in the vocabulary; pass ids of 0\.\.255"):
+        bpe.Bytes().decode([104] + ids if ids != [99999] else [104, 256])
+    assert tokenizer.decode(np.array([104, 105])) == "hi" and bpe.Bytes().decode(np.array([104, 105])) == "hi"
 
 
 def test_pre_tokenizer_splits_like_gpt2():

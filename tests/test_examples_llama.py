@@ -185,6 +185,60 @@ def test_files_that_do_not_fit_name_the_tensors(tmp_path):
         hf_llama.config_of(broken)
 
 
+def _hf(**changes) -> bytes:
+    return json.dumps({**hf_llama.hf_config(TINY), **changes}).encode()
+
+
+BAD_CONFIGS = {
+    "not UTF-8": (b"\xff{}", r"config\.json is not UTF-8 text \(byte 0xff at offset 0\).*put the model's own"),
+    "not JSON": (b"{layers", r"config\.json is not JSON \(.*put the model's own config\.json there"),
+    "a list": (b"[1]", r"config\.json holds a JSON list, not an object of sizes; it must be a Llama config\.json"),
+    "missing keys": (json.dumps({"hidden_size": 32, "num_hidden_layers": 2}).encode(),
+                     r"config\.json lacks num_attention_heads, intermediate_size, max_position_embeddings, "
+                     r"vocab_size; it must be a Llama config\.json"),
+    "no heads": (_hf(num_attention_heads=0), r"num_attention_heads is 0, not a positive int"),
+    "no kv heads": (_hf(num_key_value_heads=0), r"num_key_value_heads is 0, not a positive int"),
+    "kv heads not dividing": (_hf(num_key_value_heads=3), r"not a possible Llama: 3 key/value heads must divide the "
+                                                          r"4 query heads"),
+    "heads not dividing": (_hf(num_attention_heads=3, num_key_value_heads=1),
+                           r"not a possible Llama: width 32 must split into 3 heads of an even head_dim"),
+    "odd head_dim": (_hf(hidden_size=36), r"width 36 must split into 4 heads of an even head_dim"),
+    "a string size": (_hf(hidden_size="32"), r"hidden_size is '32', not a positive int"),
+    "a negative theta": (_hf(rope_theta=-1), r"rope_theta is -1, not a positive finite number"),
+    "a string tie": (_hf(tie_word_embeddings="false"), r"tie_word_embeddings is 'false', not true or false"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_a_bad_config_json_is_a_checkpoint_error_naming_it(case, tmp_path):
+    path = write_hf(tmp_path, hf_state(TINY), TINY)
+    assert hf_llama.config_of(path) == TINY
+    data, message = BAD_CONFIGS[case]
+    path.with_name("config.json").write_bytes(data)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        hf_llama.config_of(path)
+    assert str(path.with_name("config.json")) in str(caught.value)
+
+
+def test_a_config_without_kv_heads_has_one_per_query_head(tmp_path):
+    path = write_hf(tmp_path, hf_state(TINY), TINY)
+    for absent in ({"num_key_value_heads": None}, {}):
+        hf = {k: v for k, v in hf_llama.hf_config(TINY).items() if k != "num_key_value_heads"} | absent
+        path.with_name("config.json").write_text(json.dumps(hf))
+        assert hf_llama.config_of(path).kv_heads == TINY.heads
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"kv_heads": 0}, r"Llama kv_heads must be a positive int, got 0"),
+    ({"heads": 3, "kv_heads": 1}, r"width 32 must split into 3 heads of an even head_dim"),
+    ({"kv_heads": 3}, r"3 key/value heads must divide the 4 query heads"),
+    ({"rms_norm_eps": 0.0}, r"Llama rms_norm_eps must be a positive finite number, got 0\.0"),
+])
+def test_an_impossible_config_is_an_example_error_not_a_division_by_zero(changes, message):
+    with pytest.raises(ExampleError, match=message):
+        record_generation(TINY.with_(**changes), draw=False)
+
+
 def test_decoding_with_the_cache_is_bit_identical_to_recomputing_on_the_oracle():
     """As for GPT-2 (tests/test_examples_gpt2.py); here the cached keys are rotated at their own position
     (one gathered row of the cos/sin tables), and the repeat of the kv heads comes after the cache."""

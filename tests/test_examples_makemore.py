@@ -200,6 +200,41 @@ def test_a_missing_names_file_is_an_example_error(tmp_path):
         EXAMPLES["mlp"].main(["--data", str(tmp_path / "absent.txt")])
 
 
+def _ten_names(tmp_path) -> object:
+    path = tmp_path / "names.txt"
+    path.write_text("anna\nbob\ncarl\ndora\nemma\nfred\ngus\nhal\nida\njo\n")
+    return load(path)
+
+
+@pytest.mark.parametrize("context", [0, -2, 2.5, True], ids=["zero", "negative", "float", "bool"])
+def test_a_context_length_below_one_is_an_example_error(context, tmp_path):
+    names = _ten_names(tmp_path)
+    with pytest.raises(ExampleError, match=rf"context length must be a positive number of characters, got "
+                                           rf"{re.escape(repr(context))}.*N >= 1"):
+        contexts(names, names.train, context)
+    xs, ys = contexts(names, ["bob"], 2)
+    assert xs.shape == (4, 2) and ys.tolist() == [names.index(c) for c in "bob"] + [0]
+
+
+def test_words_outside_the_vocabulary_are_an_example_error(tmp_path):
+    names = _ten_names(tmp_path)
+    with pytest.raises(ExampleError, match=r"'Bob' is not a name over the vocabulary's letters"):
+        contexts(names, ["Bob"], 3)
+    with pytest.raises(ExampleError, match=r"got the string 'bob'; wrap one name in a list"):
+        contexts(names, "bob", 3)
+    with pytest.raises(ExampleError, match=r"'z' is not a character of the vocabulary"):
+        names.index("z")
+
+
+@pytest.mark.parametrize("index", [-1, 99, 1.0], ids=["negative", "past-the-end", "float"])
+def test_decoding_an_index_outside_the_vocabulary_is_an_example_error(index, tmp_path):
+    names = _ten_names(tmp_path)
+    assert names.decode([names.index("b"), names.index("o"), names.index("b"), 0]) == "bob"
+    with pytest.raises(ExampleError, match=rf"index {re.escape(repr(index))} is not a character of the vocabulary; "
+                                           rf"indices run 0\.\.{names.vocabulary - 1}"):
+        names.decode([1, index])
+
+
 def test_the_command_line_prints_the_error_not_a_traceback(tmp_path):
     done = subprocess.run([sys.executable, str(MAKEMORE / "bigram.py"), "--data", str(tmp_path / "absent.txt")],
                           capture_output=True, text=True, timeout=120,

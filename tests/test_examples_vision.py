@@ -246,6 +246,15 @@ def test_cifar10_limit_reads_only_the_batches_it_needs(tmp_path):
     assert np.allclose(normalized.std(axis=(0, 2, 3)), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True], ids=["zero", "negative", "float", "bool"])
+def test_a_cifar10_limit_below_one_image_is_an_example_error(tmp_path, limit):
+    folder = write_cifar(tmp_path / "cifar", records=4, files=["data_batch_1.bin", "test_batch.bin"])
+    with pytest.raises(ToposError, match=r"--limit must be a positive number of training images .*got "
+                                         rf"{limit!r}.*N >= 1") as caught:
+        cifar10.load(folder, limit=limit)
+    assert type(caught.value).__name__ == "ExampleError"
+
+
 def test_batch_norm_running_statistics_move_with_the_training_step():
     from _training import Trainer
 

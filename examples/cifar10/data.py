@@ -60,6 +60,9 @@ def load(path: str | Path | None, limit: int | None = None) -> Cifar:
     """The training batches (only as many as the first ``limit`` images need) and the test batch from ``path``."""
     from _training import ExampleError
 
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ExampleError(f"--limit must be a positive number of training images (or None for all), got {limit!r}; "
+                           "pass --limit N with N >= 1, or leave it out")
     if path is None:
         raise ExampleError(f"CIFAR-10 is not shipped with topos: {WHERE}")
     folder = Path(path)

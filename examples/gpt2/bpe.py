@@ -25,9 +25,12 @@ per byte, the vocabulary the tiny configs train on.
 from __future__ import annotations
 
 import json
+import numbers
 import re
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"""
@@ -67,6 +70,8 @@ class Bytes:
         return list(text.encode("utf-8"))
 
     def decode(self, ids) -> str:
+        ids = list(ids)
+        _check_ids(ids, range(256))
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
@@ -76,8 +81,11 @@ class Bytes:
 class BytePairEncoding:
     """GPT-2's byte-level BPE over ``vocab`` (symbol -> id) and ``merges`` (pairs, in rank order)."""
 
-    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]):
-        self.encoder = dict(vocab)
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], source: str = "the vocabulary",
+                 merges_source: str = "the merges"):
+        from _training import ExampleError
+
+        self.encoder = _checked_vocab(vocab, source)
         self.decoder = {i: s for s, i in self.encoder.items()}
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.byte_symbols = bytes_to_unicode()
@@ -85,8 +93,13 @@ class BytePairEncoding:
         missing = [b for b, c in self.byte_symbols.items() if c not in self.encoder]
         if missing:
             symbol = self.byte_symbols[missing[0]]
-            raise ValueError(f"the vocabulary lacks the symbol of byte {missing[0]} ({symbol!r}); a byte-level "
-                             "BPE vocabulary holds all 256 byte symbols")
+            raise ExampleError(f"{source} lacks the symbol of byte {missing[0]} ({symbol!r}); a byte-level "
+                               "BPE vocabulary holds all 256 byte symbols, as GPT-2's vocab.json does")
+        unknown = next(((rank, pair) for rank, pair in enumerate(merges) if "".join(pair) not in self.encoder), None)
+        if unknown is not None:  # encode would make a symbol with no id
+            rank, (first, second) = unknown
+            raise ExampleError(f"{merges_source}: merge {rank} ({first!r} {second!r}) makes {first + second!r}, "
+                               f"which {source} lacks; vocab.json and merges.txt must come from the same tokenizer")
         self.specials = {s: i for s, i in self.encoder.items() if _SPECIAL.match(s)}
         self.end_of_text = self.specials.get("<|endoftext|>")
         self._split = re.compile("(" + "|".join(map(re.escape, self.specials)) + ")") if self.specials else None
@@ -100,14 +113,19 @@ class BytePairEncoding:
     @classmethod
     def from_files(cls, vocab_path, merges_path) -> BytePairEncoding:
         """Read ``vocab.json`` (symbol -> id) and ``merges.txt`` (``#version`` line, then ``a b`` per line)."""
+        from _training import ExampleError
+
         vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
         merges = []
-        for line in Path(merges_path).read_text(encoding="utf-8").splitlines():
+        for number, line in enumerate(Path(merges_path).read_text(encoding="utf-8").splitlines(), 1):
             if line.startswith("#version") or not line.strip():
                 continue
-            first, second = line.split()
-            merges.append((first, second))
-        return cls(vocab, merges)
+            pair = line.split()
+            if len(pair) != 2:
+                raise ExampleError(f"{merges_path}, line {number}: {line!r} is not two symbols separated by a "
+                                   "space; merges.txt holds one merge 'a b' per line after its #version line")
+            merges.append((pair[0], pair[1]))
+        return cls(vocab, merges, str(vocab_path), str(merges_path))
 
     def _bpe(self, piece: str) -> list[str]:
         """The symbols of one pre-token (already in byte stand-ins) after every ranked merge."""
@@ -139,18 +157,20 @@ class BytePairEncoding:
             for piece in self._pieces.findall(part):
                 spelled = "".join(self.byte_symbols[b] for b in piece.encode("utf-8"))
                 for symbol in self._bpe(spelled):
-                    if symbol not in self.encoder:
-                        raise ValueError(f"the merges make {symbol!r}, which vocab.json lacks; the two files "
-                                         "must come from the same tokenizer")
+                    if symbol not in self.encoder:  # __init__ checks every merge, so only a bug gets here
+                        from _training import ExampleError
+
+                        raise ExampleError(f"the merges make {symbol!r}, which vocab.json lacks; the two files "
+                                           "must come from the same tokenizer")
                     ids.append(self.encoder[symbol])
         return ids
 
     def decode(self, ids) -> str:
+        ids = list(ids)
+        _check_ids(ids, self.decoder)
         data = bytearray()
         for i in ids:
-            symbol = self.decoder.get(int(i))
-            if symbol is None:
-                raise ValueError(f"token id {int(i)} is not in the vocabulary (0..{self.vocabulary - 1})")
+            symbol = self.decoder[int(i)]
             if symbol in self.specials:
                 data.extend(symbol.encode("utf-8"))
             else:
@@ -159,6 +179,37 @@ class BytePairEncoding:
 
     def __repr__(self) -> str:
         return f"BytePairEncoding({len(self.encoder)} symbols, {len(self.ranks)} merges)"
+
+
+def _checked_vocab(vocab, source: str) -> dict[str, int]:
+    """``vocab`` as a dict, after checking it is symbol -> id with unique non-negative int ids; else ExampleError."""
+    from _training import ExampleError
+
+    fix = "vocab.json must be one JSON object of symbol -> id (a non-negative int, each id once), as GPT-2's is"
+    if not isinstance(vocab, dict):
+        raise ExampleError(f"{source} holds a JSON {type(vocab).__name__}, not an object of symbol -> id; {fix}")
+    owners: dict[int, str] = {}
+    for symbol, index in vocab.items():
+        if not isinstance(symbol, str) or not symbol:
+            raise ExampleError(f"{source}: the symbol {symbol!r} is not a non-empty string; {fix}")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ExampleError(f"{source}: {symbol!r} has the id {index!r}, not a non-negative int; {fix}")
+        if index in owners:
+            raise ExampleError(f"{source}: {symbol!r} and {owners[index]!r} share the id {index}; {fix}")
+        owners[index] = symbol
+    return dict(vocab)
+
+
+def _check_ids(ids: list, valid) -> None:
+    """ExampleError naming the first of ``ids`` that is not an int in ``valid`` (a range or an id -> symbol dict)."""
+    from _training import ExampleError
+
+    for i in ids:
+        integral = isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_))
+        if not integral or int(i) not in valid:
+            last = len(valid) - 1 if isinstance(valid, range) else max(valid)
+            raise ExampleError(f"token id {int(i) if integral else repr(i)} is not in the vocabulary; pass ids "
+                               f"of 0..{last} (ints), the ids the tokenizer's encode gives")
 
 
 def load(folder=None, vocab=None, merges=None):

@@ -31,6 +31,7 @@ graph over the same weight slots, for the KV cache (``kv_cache.py``, ``sampling.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -58,8 +59,10 @@ class Config:
     @staticmethod
     def preset(name: str) -> Config:
         """``tiny`` (2 layers, 2 heads, width 64, context 64, bytes) or one of GPT-2's released sizes."""
+        from _training import ExampleError
+
         if name not in PRESETS:
-            raise ValueError(f"unknown GPT-2 config {name!r}; pick one of {', '.join(PRESETS)}")
+            raise ExampleError(f"unknown GPT-2 config {name!r}; pick one of {', '.join(PRESETS)}")
         return PRESETS[name]
 
     @property
@@ -70,10 +73,18 @@ class Config:
         return replace(self, **changes)
 
     def check(self) -> None:
+        """ExampleError unless every size is a positive int and the width splits evenly into the heads."""
+        from _training import ExampleError
+
+        sizes = {"layers": self.layers, "heads": self.heads, "width": self.width, "context": self.context,
+                 "vocabulary": self.vocabulary}
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+                raise ExampleError(f"GPT-2 {name} must be a positive int, got {size!r}: every size must be "
+                                   f"positive ({self})")
         if self.width % self.heads:
-            raise ValueError(f"width {self.width} is not divisible by {self.heads} heads")
-        if min(self.layers, self.heads, self.width, self.context, self.vocabulary) < 1:
-            raise ValueError(f"every size must be positive: {self}")
+            raise ExampleError(f"width {self.width} is not divisible by {self.heads} heads; pick a width that is "
+                               "a multiple of the heads")
 
     def parameter_count(self) -> int:
         """Trainable scalars, from the shapes alone (124,439,808 for 124M: the tied head adds none)."""
@@ -216,7 +227,10 @@ class Gpt2(nn.Module):
         """Logits [B, T, vocabulary] of tokens [B, T] (a selection), and each layer's (k, v) [B, heads, T, hd]."""
         b, t = tokens.shape
         if t > self.config.context:
-            raise ValueError(f"{t} tokens do not fit the context of {self.config.context}")
+            from _training import ExampleError
+
+            raise ExampleError(f"{t} tokens do not fit the context of {self.config.context}; pass at most "
+                               f"{self.config.context} tokens or record a model with a longer context")
         positions = self.wpe.weight.narrow(0, 0, t)
         x = self.wte(tokens) + positions.broadcast_to((b, t, self.config.width))
         caches = []
@@ -303,8 +317,11 @@ def record_generation(config: Config, batch: int = 1, length: int | None = None,
     logits and the updated caches. Compile them as two entries.
     """
     length = config.context if length is None else length
-    if not 1 <= length <= config.context:
-        raise ValueError(f"the cache length {length} must be in 1..{config.context} (the model's context)")
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 1 <= length <= config.context:
+        from _training import ExampleError
+
+        raise ExampleError(f"the cache length {length!r} must be an int in 1..{config.context} (the model's "
+                           "context); pass a length in that range")
 
     def record(tape):
         model = Gpt2(config, draw=draw)

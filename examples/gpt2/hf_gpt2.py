@@ -61,26 +61,70 @@ def config_of(path) -> Config:
 
     Shapes give layers, width, context and vocabulary but not the heads
     (they split the width without changing a shape): those are taken as
-    ``width // 64``, true of every released GPT-2 (124M to 1558M).
+    ``width // 64``, true of every released GPT-2 (124M to 1558M). A
+    ``config.json`` (or a metadata config) that is there but unreadable,
+    incomplete or impossible is refused, naming what is wrong, rather than
+    passed over for a guess.
     """
     names = _names(path)  # a CheckpointError first if the file is missing or damaged
     beside = Path(path).with_name("config.json")
-    texts = [beside.read_text(encoding="utf-8")] if beside.is_file() else []
-    texts.append(checkpoint.read_metadata(path).get("config", ""))
-    for text in texts:
-        try:
-            return from_hf_config(json.loads(text))
-        except (ValueError, KeyError, TypeError):
-            continue  # unreadable or absent: try the next source, then the shapes
+    if beside.is_file():
+        return from_hf_config(read_json(beside), f"{beside}")
+    stored = checkpoint.read_metadata(path).get("config")
+    if stored:
+        return from_hf_config(parse_json(stored, f"the config in {path}'s metadata"),
+                              f"the config in {path}'s metadata")
+    return _from_shapes(path, names)
+
+
+def _from_shapes(path, names: dict) -> Config:
+    """The sizes the tensors' shapes give, with ``width // 64`` heads; refused unless they make a GPT-2."""
+    from _training import ExampleError
+
+    fix = "put the model's config.json beside the file"
     if "wte.weight" not in names or "wpe.weight" not in names:
         raise CheckpointError(
             f"{path}: no wte.weight / wpe.weight tensors, so this is not a GPT-2 checkpoint in Hugging Face's "
             "format (model.safetensors of GPT2Model or GPT2LMHeadModel)"
         )
-    vocabulary, width = names["wte.weight"][0]
+    (wte, _), (wpe, _) = names["wte.weight"], names["wpe.weight"]
+    if len(wte) != 2 or len(wpe) != 2 or wte[1] != wpe[1]:
+        raise CheckpointError(
+            f"{path}: wte.weight is {list(wte)} and wpe.weight is {list(wpe)}, but GPT-2's are [vocabulary, width] "
+            f"and [context, width] with one width; this is not a GPT-2 checkpoint, or {fix} if it is"
+        )
+    (vocabulary, width), context = wte, wpe[0]
     layers = 1 + max((int(m.group(1)) for n in names if (m := _LAYER.match(n))), default=-1)
-    return Config(layers=layers, heads=max(1, width // 64), width=width, context=names["wpe.weight"][0][0],
-                  vocabulary=vocabulary)
+    config = Config(layers=layers, heads=max(1, width // 64), width=width, context=context, vocabulary=vocabulary)
+    try:
+        config.check()
+    except ExampleError as error:
+        raise CheckpointError(f"{path} has no config.json beside it, and the sizes its shapes give "
+                              f"(heads taken as width // 64) are not a GPT-2: {error}; {fix}") from None
+    return config
+
+
+def read_json(path: Path) -> object:
+    """The JSON value of the file ``path``; CheckpointError naming it if unreadable, not UTF-8 or not JSON."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is harmless
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+                              "it must be the model's JSON config: put the model's own config.json there") from None
+    return parse_json(text, str(path))
+
+
+def parse_json(text: str, where: str) -> object:
+    """The JSON value of ``text`` (a config read from ``where``); CheckpointError naming ``where`` if it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{where} is not JSON ({error}); it must be the model's config as Hugging Face "
+                              "writes it: put the model's own config.json there") from None
 
 
 def hf_config(config: Config) -> dict:
@@ -89,9 +133,33 @@ def hf_config(config: Config) -> dict:
             "n_positions": config.context, "vocab_size": config.vocabulary}
 
 
-def from_hf_config(hf: dict) -> Config:
-    return Config(layers=int(hf["n_layer"]), heads=int(hf["n_head"]), width=int(hf["n_embd"]),
-                  context=int(hf["n_positions"]), vocabulary=int(hf["vocab_size"]))
+HF_SIZES = {"n_layer": "layers", "n_head": "heads", "n_embd": "width", "n_positions": "context",
+            "vocab_size": "vocabulary"}
+
+
+def from_hf_config(hf: dict, where: str = "the config") -> Config:
+    """The Config of Hugging Face's ``GPT2Config`` keys; CheckpointError naming ``where`` and the key if impossible."""
+    from _training import ExampleError
+
+    fix = "it must be a GPT-2 config.json (n_layer, n_head, n_embd, n_positions, vocab_size)"
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{where} holds a JSON {type(hf).__name__}, not an object of sizes; {fix}")
+    hf = dict(hf)
+    if "n_positions" not in hf and "n_ctx" in hf:
+        hf["n_positions"] = hf["n_ctx"]  # older GPT-2 configs name the context n_ctx
+    missing = [key for key in HF_SIZES if key not in hf]
+    if missing:
+        raise CheckpointError(f"{where} lacks {', '.join(missing)}; {fix}")
+    for key in HF_SIZES:
+        value = hf[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{where}: {key} is {value!r}, not a positive int; {fix}")
+    config = Config(**{name: hf[key] for key, name in HF_SIZES.items()})
+    try:
+        config.check()
+    except ExampleError as error:
+        raise CheckpointError(f"{where} is not a possible GPT-2: {error}") from None
+    return config
 
 
 def describe(config: Config) -> str:
@@ -112,7 +180,10 @@ def load(path, network, config: Config):
         else:
             table = _load_prefixed(path, network)
     except (CheckpointError, FeedError) as error:
-        held = config_of(path)
+        try:
+            held = config_of(path)
+        except CheckpointError:  # no sizes to compare (a broken config.json): the tensors' error says enough
+            raise error from None
         hint = "" if held.with_(dtype=config.dtype) == config else (
             f"\n  the file holds a GPT-2 with {describe(held)}, the model was recorded with {describe(config)}: "
             "record it with the file's sizes (the examples' --config auto does)")

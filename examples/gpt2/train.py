@@ -51,7 +51,7 @@ def main(argv=None) -> None:
         config = Config(layers=args.layers, heads=args.heads, width=args.width, context=args.context,
                         vocabulary=Bytes.vocabulary)
         config.check()
-    except ValueError as error:
+    except ExampleError as error:
         raise ExampleError(f"{error}; pick --width divisible by --heads and positive sizes") from None
     train_and_sample(args, config, record_training, record_generation, "GPT-2", hf_gpt2.hf_config)
 

@@ -26,7 +26,7 @@ heads, so a file with neither is refused with that fix.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 from topos import CheckpointError, checkpoint
@@ -45,33 +45,66 @@ def hf_config(config: Config) -> dict:
             "tie_word_embeddings": config.tied, "hidden_act": "silu"}
 
 
-def from_hf_config(hf: dict) -> Config:
+HF_SIZES = {"num_hidden_layers": "layers", "num_attention_heads": "heads", "hidden_size": "width",
+            "intermediate_size": "intermediate", "max_position_embeddings": "context", "vocab_size": "vocabulary"}
+HF_NUMBERS = {"rope_theta": ("rope_theta", 10000.0), "rms_norm_eps": ("rms_norm_eps", 1e-6)}
+
+
+def from_hf_config(hf: dict, where: str = "the config") -> Config:
+    """The Config of Hugging Face's ``LlamaConfig`` keys; CheckpointError naming ``where`` and the key if impossible."""
+    from _training import ExampleError
+
+    fix = f"it must be a Llama config.json ({', '.join(HF_SIZES)})"
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{where} holds a JSON {type(hf).__name__}, not an object of sizes; {fix}")
     if hf.get("rope_scaling"):
-        raise CheckpointError(f"rope_scaling {hf['rope_scaling']} is not implemented here: this example's RoPE "
-                              "is the default one (Llama 1 and 2, TinyLlama); Llama 3.1's scaled form would "
+        raise CheckpointError(f"{where}: rope_scaling {hf['rope_scaling']} is not implemented here: this example's "
+                              "RoPE is the default one (Llama 1 and 2, TinyLlama); Llama 3.1's scaled form would "
                               "change rotary_tables")
     if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise CheckpointError("this config uses biases or an activation other than SiLU; it is not a plain Llama")
-    return Config(layers=int(hf["num_hidden_layers"]), heads=int(hf["num_attention_heads"]),
-                  kv_heads=int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
-                  width=int(hf["hidden_size"]), intermediate=int(hf["intermediate_size"]),
-                  context=int(hf["max_position_embeddings"]), vocabulary=int(hf["vocab_size"]),
-                  rope_theta=float(hf.get("rope_theta", 10000.0)), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                  tied=bool(hf.get("tie_word_embeddings", False)))
+        raise CheckpointError(f"{where} uses biases or an activation other than SiLU; it is not a plain Llama")
+    missing = [key for key in HF_SIZES if key not in hf]
+    if missing:
+        raise CheckpointError(f"{where} lacks {', '.join(missing)}; {fix}")
+    sizes = {key: hf[key] for key in HF_SIZES}
+    if hf.get("num_key_value_heads") is not None:  # absent or null: one kv head per query head (no grouping)
+        sizes["num_key_value_heads"] = hf["num_key_value_heads"]
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{where}: {key} is {value!r}, not a positive int; {fix}")
+    floats = {}
+    for key, (name, default) in HF_NUMBERS.items():
+        value = hf.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise CheckpointError(f"{where}: {key} is {value!r}, not a positive finite number; {fix}")
+        floats[name] = float(value)
+    tied = hf.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise CheckpointError(f"{where}: tie_word_embeddings is {tied!r}, not true or false; {fix}")
+    config = Config(**{name: sizes[key] for key, name in HF_SIZES.items()},
+                    kv_heads=sizes.get("num_key_value_heads", sizes["num_attention_heads"]), tied=tied, **floats)
+    try:
+        config.check()
+    except ExampleError as error:
+        raise CheckpointError(f"{where} is not a possible Llama: {error}") from None
+    return config
 
 
 def config_of(path) -> Config:
-    """The Llama config of a file: ``config.json`` beside it, else the ``config`` of its metadata."""
+    """The Llama config of a file: ``config.json`` beside it, else the ``config`` of its metadata.
+
+    A ``config.json`` that is there but unreadable, incomplete or impossible
+    is refused, naming what is wrong, rather than passed over.
+    """
+    from hf_gpt2 import parse_json, read_json  # examples/gpt2 is on sys.path once llama is imported
+
     metadata = checkpoint.read_metadata(path)  # a CheckpointError first if the file is missing or damaged
     beside = Path(path).with_name("config.json")
-    texts = [beside.read_text(encoding="utf-8")] if beside.is_file() else []
-    texts.append(metadata.get("config", ""))
-    for text in texts:
-        try:
-            return from_hf_config(json.loads(text))
-        except (ValueError, KeyError, TypeError) as error:
-            if isinstance(error, CheckpointError):
-                raise
+    if beside.is_file():
+        return from_hf_config(read_json(beside), str(beside))
+    if metadata.get("config"):
+        where = f"the config in {path}'s metadata"
+        return from_hf_config(parse_json(metadata["config"], where), where)
     raise CheckpointError(f"{path}: no config.json beside it and no config in its metadata; the shapes do not "
                           "say how many heads the width splits into: put the model's config.json beside the file")
 

@@ -38,6 +38,8 @@ like the GPT-2 example, the caches holding the rotated keys of the
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -79,13 +81,23 @@ class Config:
         return replace(self, **changes)
 
     def check(self) -> None:
-        if min(self.layers, self.heads, self.kv_heads, self.width, self.intermediate, self.context,
-               self.vocabulary) < 1:
-            raise ValueError(f"every size must be positive: {self}")
+        """ExampleError unless the sizes are positive ints, the heads split the width evenly, and so on."""
+        from _training import ExampleError
+
+        sizes = {"layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads, "width": self.width,
+                 "intermediate": self.intermediate, "context": self.context, "vocabulary": self.vocabulary}
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+                raise ExampleError(f"Llama {name} must be a positive int, got {size!r}: every size must be "
+                                   f"positive ({self})")
+        for name, value in {"rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps}.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+                raise ExampleError(f"Llama {name} must be a positive finite number, got {value!r}")
         if self.width % self.heads or self.head_dim % 2:
-            raise ValueError(f"width {self.width} must split into {self.heads} heads of an even head_dim")
+            raise ExampleError(f"width {self.width} must split into {self.heads} heads of an even head_dim; pick "
+                               "a width that is an even multiple of the heads")
         if self.heads % self.kv_heads:
-            raise ValueError(f"{self.kv_heads} key/value heads must divide the {self.heads} query heads")
+            raise ExampleError(f"{self.kv_heads} key/value heads must divide the {self.heads} query heads")
 
 
 def rotary_tables(config: Config, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +236,10 @@ class Llama(nn.Module):
         """Logits [B, T, vocabulary] of tokens [B, T] (a selection) and each layer's rotated (k, v)."""
         b, t = tokens.shape
         if t > self.config.context:
-            raise ValueError(f"{t} tokens do not fit the context of {self.config.context}")
+            from _training import ExampleError
+
+            raise ExampleError(f"{t} tokens do not fit the context of {self.config.context}; pass at most "
+                               f"{self.config.context} tokens or record a model with a longer context")
         cos, sin = self.tables(tokens.tape, t)
         x = self.model.embed_tokens(tokens)
         caches = []
@@ -266,8 +281,11 @@ def record_generation(config: Config, batch: int = 1, length: int | None = None,
                       draw: bool = True):
     """Prefill and decode over one set of weights, as ``gpt2.record_generation``: (network, Generation)."""
     length = config.context if length is None else length
-    if not 1 <= length <= config.context:
-        raise ValueError(f"the cache length {length} must be in 1..{config.context} (the model's context)")
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 1 <= length <= config.context:
+        from _training import ExampleError
+
+        raise ExampleError(f"the cache length {length!r} must be an int in 1..{config.context} (the model's "
+                           "context); pass a length in that range")
 
     def record(tape):
         model = Llama(config, draw=draw)

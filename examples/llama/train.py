@@ -47,7 +47,7 @@ def main(argv=None) -> None:
                     intermediate=args.intermediate, context=args.context, tied=args.tied)
     try:
         config.check()
-    except ValueError as error:
+    except ExampleError as error:
         raise ExampleError(f"{error}; change --width, --heads or --kv-heads") from None
     train_and_sample(args, config, record_training, record_generation, "Llama", hf_llama.hf_config)
 

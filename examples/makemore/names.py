@@ -32,10 +32,28 @@ class Names:
         return len(self.characters)
 
     def index(self, character: str) -> int:
+        from _training import ExampleError
+
+        if not isinstance(character, str) or len(character) != 1 or character not in self.characters:
+            raise ExampleError(f"{character!r} is not a character of the vocabulary {self.characters!r}; "
+                               "pass one of its characters")
         return self.characters.index(character)
 
     def decode(self, indices) -> str:
-        return "".join(self.characters[i] for i in indices if i != 0)
+        """The word of ``indices`` (0, the end marker, dropped); an index outside 0..vocabulary-1 is refused."""
+        from _training import ExampleError
+
+        indices = list(indices)
+        wrong = [i for i in indices if not _is_index(i) or not 0 <= i < self.vocabulary]
+        if wrong:
+            raise ExampleError(f"index {wrong[0]!r} is not a character of the vocabulary; indices run "
+                               f"0..{self.vocabulary - 1} (0 is the end marker {END!r})")
+        return "".join(self.characters[int(i)] for i in indices if i != 0)
+
+
+def _is_index(value) -> bool:
+    """An int or a NumPy integer (not a bool): what an index array yields."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def load(path: str | Path | None = None, seed: int = 42) -> Names:
@@ -67,9 +85,21 @@ def load(path: str | Path | None = None, seed: int = 42) -> Names:
 
 def contexts(names: Names, words, context: int) -> tuple[np.ndarray, np.ndarray]:
     """Every (previous ``context`` characters, next character) pair of ``words``, as index arrays."""
+    from _training import ExampleError
+
+    if not _is_index(context) or context < 1:
+        raise ExampleError(f"the context length must be a positive number of characters, got {context!r}; "
+                           "pass --context N (or block_size) with N >= 1")
+    if isinstance(words, str):
+        raise ExampleError(f"words must be a sequence of names (e.g. names.train), got the string {words!r}; "
+                           "wrap one name in a list")
+    context = int(context)
     rows, targets = [], []
     indices = {character: i for i, character in enumerate(names.characters)}
     for word in words:
+        if not isinstance(word, str) or any(c not in indices or c == END for c in word):
+            raise ExampleError(f"{word!r} is not a name over the vocabulary's letters {names.characters[1:]!r}; "
+                               "pass words of the names file (names.train, names.dev or names.test)")
         window = [0] * context
         for character in word + END:
             index = indices[character]
