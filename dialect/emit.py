@@ -17,6 +17,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import func
 
 from topos.element import Selection, SelectionType
+from topos.errors import ArgumentError, SymbolError
 from topos.network import Network
 from topos.opcodes import Spec
 from topos.symbol import Symbol
@@ -68,9 +69,14 @@ def emit_module(
     the value: the path to StableHLO folds constant subgraphs this way
     (``Plan.folded_constants``); the module is then no longer the spec.
     """
+    if not isinstance(network, Network):
+        given = "None" if network is None else f"a {type(network).__name__}"
+        raise ArgumentError(f"emit_module takes the sealed Network first (Tape.record's, or tape.seal()'s), "
+                            f"not {given}")
     roots, observes = _symbols(roots), _symbols(observes)
     if not roots and not observes:
-        raise ValueError("emit_module needs at least one root or observe to export")
+        raise SymbolError("emit_module needs at least one root or observe to export; pass the symbols to "
+                          "emit, as in emit_module(network, [loss])")
     context = _context.configure(context) if context is not None else _context.new_context()
     nodes = network.nodes()
     chosen = [nodes[i] for i in ancestors(network, roots + observes, nodes)]

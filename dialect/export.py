@@ -114,6 +114,9 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     folder = Path(directory)
     _check_destination(folder, force)
     chosen = target(target_name)
+    if cpu is not None and chosen.name != "llvm-cpu":
+        raise ExportError(f"cpu={cpu!r} chooses the CPU of an llvm-cpu export; target {chosen.name} takes no "
+                          "cpu: drop cpu=")
     if cpu is None:
         cpu = "generic" if chosen.name == "llvm-cpu" else "host"
     network = plan.network
@@ -188,9 +191,11 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
 
 
 def _check_destination(folder: Path, force: bool) -> None:
-    if folder.resolve() == Path.cwd().resolve():
-        raise ExportError(f"{str(folder)!r} is the current directory, which export cannot replace; name a new "
-                          "folder, such as 'artifact'")
+    here = Path.cwd().resolve()
+    if folder.resolve() == here or folder.resolve() in here.parents:  # force would delete where we stand
+        what = "is the current directory" if folder.resolve() == here else "holds the current directory"
+        raise ExportError(f"{str(folder)!r} {what}, which export cannot replace; name a new folder, such as "
+                          "'artifact'")
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder} is a file; export writes a folder: name a new folder")
     if folder.is_dir() and any(folder.iterdir()) and not force:

@@ -77,7 +77,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -89,7 +88,7 @@ from iree.compiler import ir
 
 from ..files import write_atomically
 from .diagnostics import Diagnostic, DialectError, format_diagnostic
-from .passes import Pass, parse_options, python_pass, split_pipeline, upstream_pipeline
+from .passes import Captured, Pass, native_stderr, parse_options, python_pass, split_pipeline, upstream_pipeline
 
 SPLIT_MARKER = "// -----"
 EXIT_FAILURE = 1
@@ -284,6 +283,15 @@ def _main(argv: list[str], stdin: IO | None) -> int:
         is_pass, is_long = _flag_readers(_long_options(parser), {p.name for p in registered})
         rest, pipeline = _take_pass_flags([_long_spelling(token, is_long) for token in argv], is_pass)
         arguments, unknown = parser.parse_known_args(rest)
+        if unknown and not unknown[0].startswith("-"):  # a second input (mlir-opt: too many positional arguments)
+            place = argv.index(unknown[0]) if unknown[0] in argv else 0
+            after = argv[place - 1] if place else ""
+            marker = (" (--split-input-file takes its marker as --split-input-file=MARKER)"
+                      if after.lstrip("-") == "split-input-file" else "")
+            parser.error(
+                f"too many positional arguments: {unknown[0]!r} after the input file {arguments.input!r}; "
+                f"topos-opt reads one input file{marker}"
+            )
         if unknown:
             parser.error(
                 f"unknown option or pass {unknown[0]!r} (topos-opt --list-passes lists the passes)"
@@ -730,17 +738,12 @@ class _Watch:
         if not self.statistics:
             yield
             return
-        sys.stderr.flush()
-        with tempfile.TemporaryFile() as captured:
-            saved = os.dup(2)
-            os.dup2(captured.fileno(), 2)
-            try:
+        said = Captured()
+        try:
+            with native_stderr(said):
                 yield
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-                captured.seek(0)
-                self._read_native(element, captured.read().decode("utf-8", errors="replace"))
+        finally:  # a pass that failed still reports what it counted
+            self._read_native(element, said.text)
 
     def _read_native(self, element: str, report: str) -> None:
         counts, group = self.counts.setdefault(element, Counter()), ""
@@ -844,6 +847,10 @@ def _tool_diagnostics(stderr: str) -> list[Diagnostic]:
 # ---- --verify-diagnostics -----------------------------------------------------------------
 
 _EXPECTED = re.compile(r"expected-(error|warning|remark|note)\s*(?:@(above|below|[+-]?\d+))?\s*\{\{(.*?)\}\}")
+# Where an expectation starts: "expected-<severity>" followed by "@" or "{{" (prose that merely
+# names expected-error is left alone, as mlir-opt leaves it).
+_EXPECTATION_START = re.compile(r"expected-(error|warning|remark|note)(-re)?(?=\s*(?:@|\{\{))")
+_LINE_SPECIFIER = re.compile(r"@(above|below|[+-]?\d+)(?![\w+-])")
 
 
 @dataclass
@@ -875,8 +882,48 @@ def expectations(text: str) -> list[_Expectation]:
     return found
 
 
+def malformed_expectations(text: str) -> list[tuple[int, int, str]]:
+    """(line, column, problem) of each expected-* comment that cannot be read.
+
+    mlir-opt skips such a comment without a word, so a typo passes a test
+    that checks nothing; topos-opt refuses it instead.
+    """
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        read = [match.span() for match in _EXPECTED.finditer(line)]
+        for start in _EXPECTATION_START.finditer(line):
+            if any(begin <= start.start() < end for begin, end in read):
+                continue  # a well-formed expectation, or words inside one's message
+            severity, regex = start.group(1), start.group(2)
+            rest = line[start.end():].lstrip()
+            specifier = _LINE_SPECIFIER.match(rest) if rest.startswith("@") else None
+            if regex:
+                problem = (f"expected-{severity}-re is not supported by topos-opt; write "
+                           f"expected-{severity} {{{{text}}}}, which matches a diagnostic containing the text")
+            elif rest.startswith("@") and specifier is None:
+                given = rest.split()[0].split("{{")[0]
+                problem = (f"'{given}' is no line of expected-{severity}; write @+N, @-N, @N, @above or @below "
+                           f"before the {{{{message}}}}")
+            elif not rest[specifier.end() if specifier else 0:].lstrip().startswith("{{"):
+                problem = f"expected '{{{{' to start the message of expected-{severity}, as in {{{{message}}}}"
+            else:
+                problem = (f"found start of the expected-{severity} message with no end '}}}}'; "
+                           f"close it on the same line: {{{{message}}}}")
+            found.append((number, start.start() + 1, problem))
+    return found
+
+
 def check_expected(text: str, diagnostics: list[Diagnostic], source_name: str) -> list[Diagnostic]:
-    """Mismatches between produced diagnostics and expected-* comments, as error diagnostics."""
+    """Mismatches between produced diagnostics and expected-* comments, as error diagnostics.
+
+    An expected-* comment that cannot be read is an error of its own, and
+    the others are not checked until it is fixed.
+    """
+    malformed = malformed_expectations(text)
+    if malformed:
+        with ir.Context():
+            return [Diagnostic("error", problem, ir.Location.file(source_name, line, column))
+                    for line, column, problem in malformed]
     wanted = expectations(text)
     check_notes = any(e.severity == "note" for e in wanted)
     produced = []
@@ -907,7 +954,7 @@ def check_expected(text: str, diagnostics: list[Diagnostic], source_name: str) -
     return failures
 
 
-__all__ = ["check_expected", "expectations", "main", "split_chunks"]
+__all__ = ["check_expected", "expectations", "main", "malformed_expectations", "split_chunks"]
 
 
 if __name__ == "__main__":

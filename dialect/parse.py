@@ -22,7 +22,7 @@ from iree.compiler.dialects import builtin
 
 from topos.copies import splat
 from topos.element import selection
-from topos.errors import ToposError
+from topos.errors import ArgumentError, ToposError
 from topos.network import Network
 from topos.symbol import Symbol
 from topos.tape import Tape
@@ -41,6 +41,8 @@ def parse_module(text: str, *, context: ir.Context | None = None, source_name: s
     Top-level ops other than one module are wrapped in a module, as
     mlir-opt does.
     """
+    if not isinstance(text, str):
+        raise ArgumentError(f"parse_module takes topos IR text (a str), not {_given(text)}")
     context = _context.configure(context) if context is not None else _context.new_context()
     with context:
         try:
@@ -76,6 +78,9 @@ def parse_spec(
     source: str | ir.Module, *, context: ir.Context | None = None
 ) -> tuple[Network, tuple[Symbol, ...], tuple[Symbol, ...]]:
     """Rebuild ``(network, roots, observes)`` from topos IR (text or a parsed module)."""
+    if not isinstance(source, (str, ir.Module, ir.Operation, ir.OpView)):
+        raise ArgumentError(f"parse_spec takes topos IR text (a str) or a module (parse_module's, "
+                            f"emit_module's), not {_given(source)}")
     module = parse_module(source, context=context) if isinstance(source, str) else source
     with module.context, ir.Location.unknown():
         problems = structural_problems(module) or verify_module(module)
@@ -83,6 +88,16 @@ def parse_spec(
             raise VerificationError(problems)
         function = _main_function(module)
         return _replay(function)
+
+
+def _given(value) -> str:
+    """What a caller passed, and for bytes how to make the text asked for."""
+    if isinstance(value, (bytes, bytearray)):
+        return f"{type(value).__name__}; decode them first: data.decode('utf-8')"
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _main_function(module: ir.Module):

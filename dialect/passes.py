@@ -18,13 +18,19 @@ Python passes and upstream MLIR passes (``canonicalize``, ``cse``,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from iree.compiler import ir, passmanager
+
+from topos.errors import ArgumentError
 
 from .diagnostics import Diagnostic, DialectError, one_line, python_location
 from .ops import NODE, verify_module
@@ -172,8 +178,12 @@ def split_pipeline(pipeline: str) -> list[tuple[str, int]]:
         elif character == "," and depth == 0:
             element = text[start:i]
             stripped = element.strip()
+            column = base + start + len(element) - len(element.lstrip())
             if stripped:
-                elements.append((stripped, base + start + len(element) - len(element.lstrip())))
+                elements.append((stripped, column))
+            elif text.strip():  # "a,", ",a", "a,,b": an empty pass name, which MLIR's parser refuses too
+                raise _pipeline_error(pipeline, column, "'' does not refer to a registered pass or pass pipeline "
+                                      "(an empty pass name: drop the extra ',')")
             start = i + 1
     if depth != 0:
         raise _pipeline_error(pipeline, len(pipeline), f"unbalanced brackets in the pass pipeline {pipeline!r}")
@@ -264,6 +274,14 @@ def run_pipeline(
     each upstream pass to the process's stderr (file descriptor 2), as
     ``mlir-opt --mlir-pass-statistics --mlir-pass-statistics-display=list``.
     """
+    _check_module(module, "run_pipeline")
+    if not isinstance(pipeline, str) and not (
+        isinstance(pipeline, Sequence) and all(isinstance(text, str) for text in pipeline)
+    ):
+        raise ArgumentError(
+            f"run_pipeline takes the pipeline as text ('topos-verify,cse') or a list of such texts, "
+            f"not {_kind(pipeline)}"
+        )
     with module.context:
         if isinstance(pipeline, str):
             elements = split_pipeline(pipeline)
@@ -275,6 +293,24 @@ def run_pipeline(
                 verify_or_raise(module, after=element)
             if after_each is not None:
                 after_each(element, module)
+
+
+def _check_module(module, function: str) -> None:
+    """Refuse anything but a parsed or emitted module, naming what was given and where IR text goes."""
+    if isinstance(module, (ir.Module, ir.Operation, ir.OpView)):
+        return
+    hint = (" (IR text: transform(text, pipeline) parses, runs and prints it, or parse_module(text) "
+            "gives the module)") if isinstance(module, (str, bytes)) else ""
+    raise ArgumentError(
+        f"{function} takes a module (ir.Module, from emit_module or parse_module), not {_kind(module)}{hint}"
+    )
+
+
+def _kind(value) -> str:
+    if value is None or isinstance(value, bytes):
+        return "None" if value is None else "bytes"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _run_element(module, element: str, offset: int, statistics: bool = False) -> None:
@@ -305,14 +341,59 @@ def upstream_pipeline(element: str, offset: int = 0) -> passmanager.PassManager:
     text = f"builtin.module({element})"
     for _ in range(2):
         try:
-            return passmanager.PassManager.parse(text)
+            with _llvm_option_errors(element) as said:
+                return passmanager.PassManager.parse(text)
         except ValueError as error:
             message = str(error)
             restricted = _RESTRICTED.search(message)
             if restricted is None:
                 break
             text = f"builtin.module({restricted.group(1)}({element}))"
-    raise _upstream_pipeline_error(element, offset, message)
+    raise _upstream_pipeline_error(element, offset, message, said.text)
+
+
+class Captured:
+    """Text a native library wrote on file descriptor 2 (native_stderr fills it in)."""
+
+    text = ""
+
+
+@contextlib.contextmanager
+def _llvm_option_errors(element: str) -> Iterator[Captured]:
+    """What LLVM's option parser writes on file descriptor 2 while a pipeline with options is parsed.
+
+    A bad option value (``canonicalize{max-iterations=banana}``) is told
+    there, as ``<program>: for the --max-iterations option: ...``, before
+    the pipeline error; it is captured to become part of that error's one
+    line. Anything said while the parse succeeds is passed on unchanged.
+    """
+    if "{" not in element:  # no options, nothing for LLVM's option parser to say
+        yield Captured()
+        return
+    with native_stderr() as said:
+        yield said
+    sys.stderr.write(said.text)  # reached only when the parse succeeded
+
+
+@contextlib.contextmanager
+def native_stderr(said: Captured | None = None) -> Iterator[Captured]:
+    """What native code (MLIR, LLVM) writes on file descriptor 2 within the block, in ``.text`` after it.
+
+    Python's ``sys.stderr`` does not see those writes; the descriptor itself
+    is pointed at a temporary file and restored, whatever the block raises.
+    """
+    said = Captured() if said is None else said
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            said.text = captured.read().decode("utf-8", errors="replace")
 
 
 def _run_python_pass(module, registered: Pass, options: dict[str, str], element: str, offset: int) -> None:
@@ -343,9 +424,13 @@ def _run_python_pass(module, registered: Pass, options: dict[str, str], element:
             raise PassFailure([Diagnostic.error(message, python_location(error))]) from error
 
 
-def _upstream_pipeline_error(element: str, offset: int, text: str) -> DialectError:
+def _upstream_pipeline_error(element: str, offset: int, text: str, said: str = "") -> DialectError:
     first = text.strip().splitlines()[0] if text.strip() else "invalid pass pipeline"
     message = first.split("error: ", 1)[-1]
+    # LLVM's own line names the option and the value it refused: "<program>: for the --x option: ...".
+    told = [line.strip().partition(": for the ")[2] for line in said.splitlines() if ": for the " in line]
+    if told:
+        message += f": for the {told[0]}"
     if "does not refer to a registered pass" in message:
         python = [p.name for p in registered_passes() if not p.upstream]
         message += f" (topos passes: {', '.join(python)})"
@@ -359,6 +444,9 @@ def transform(text: str, pipeline: str, *, debug_info: bool = False) -> str:
     from .context import new_context
     from .parse import parse_module
 
+    if not isinstance(text, str):
+        raise ArgumentError(f"transform takes topos IR text (a str), not {_kind(text)}"
+                            + ("; decode them first: data.decode('utf-8')" if isinstance(text, bytes) else ""))
     load_pass_modules()
     with new_context():
         module = parse_module(text)

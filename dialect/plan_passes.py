@@ -178,15 +178,16 @@ def fuse_pass(module) -> None:
 @register_pass("topos-elect", "Elect the fusion offers emission can serve (first wins, no node twice)")
 def elect_pass(module, *, kinds: str = ",".join(ELECTED_BY_DEFAULT)) -> None:
     """Mark elected groups: topos.fusion_group on every claimed op, topos.fusion_kind on the root."""
-    if "topos.offers" not in list(_topos_ops(module)[0].attributes):
-        raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")
     from topos.plan.patterns import CATALOG
 
+    # The option first: a kind that does not exist is the mistake to name, whatever the IR holds.
     wanted = {k.strip() for k in kinds.split(",") if k.strip()}
     known = [p.kind for p in CATALOG]
     unknown = sorted(wanted - set(known))
     if unknown:
         raise OptionError(f"kinds names {unknown[0]!r}, which is no fusion kind (kinds: {', '.join(known)})")
+    if "topos.offers" not in list(_topos_ops(module)[0].attributes):
+        raise PassFailure.at(module.operation, "topos-elect needs the offers of topos-fuse; run topos-fuse first")
     network, plan = _plan(module)
     function, ops = _topos_ops(module)
     chosen = elected(plan, wanted)

@@ -320,9 +320,9 @@ def check_cpu(chosen: Target, cpu) -> None:
     closest += [n for n in difflib.get_close_matches(cpu.lower(), names, n=3, cutoff=0.6) if n not in closest]
     hint = f"did you mean {' or '.join(repr(n) for n in closest)}? " if closest else ""
     raise TargetError(
-        f"unknown cpu {cpu!r} for {architecture}: {hint}Use cpu='host' (this machine's CPU, the "
-        f"default) or cpu='generic' (any {architecture} machine), or one of the names LLVM accepts "
-        f"for {architecture}: {', '.join(names)}"
+        f"unknown cpu {cpu!r} for {architecture}: {hint}Use cpu='host' (this machine's CPU: compile's "
+        f"default) or cpu='generic' (any {architecture} machine: export's default), or one of the names LLVM "
+        f"accepts for {architecture}: {', '.join(names)}"
     )
 
 

@@ -239,6 +239,20 @@ CASE = textwrap.dedent("""\
         return 42
 
 
+    def exits():
+        import sys
+
+        sys.exit(3)
+
+
+    def unfed():
+        def model(tape):
+            return (tape.input(np.zeros(3, np.float32), required=True) * 2.0).sum()
+
+        network, loss = Tape.record(model)
+        return network.entry([loss]), network.parameters()
+
+
     def raises():
         def model(tape):
             return tape.input(np.zeros(3, np.float32)) + tape.input(np.zeros(4, np.float32))
@@ -276,14 +290,18 @@ def test_cli_exits_one_and_names_the_recording_line_when_a_fault_is_injected(cas
 
 @pytest.mark.parametrize("arguments, message", [
     (("bisect", "{dir}/missing.py"), "no such file: {dir}/missing.py"),
-    (("bisect", "{case}:nowhere"), "has no function 'nowhere'; it defines bisect_case, raises, wrong_shape"),
+    (("bisect", "{case}:nowhere"),
+     "has no function 'nowhere'; it defines bisect_case, exits, raises, unfed, wrong_shape"),
+    (("bisect", ":bisect_case"), "':bisect_case': nothing before the colon; write FILE.py:FUNCTION"),
+    (("bisect", "{case}:exits"), "{case} called sys.exit(3) while exits() ran; exits() returns (entry, "
+                                 "parameters, feeds) and does not exit\n  at {case}:23 in exits: sys.exit(3)"),
     (("bisect", "{case}:wrong_shape"), "must return (entry, parameters, feeds)"),
     (("bisect", "{case}:raises"), "raises() in {case} raised ShapeError"),
     (("bisect", "{case}", "--target", "nowhere"), "unknown target 'nowhere'"),
     (("bisect", "{case}", "--replace", "stablehlo.nothing", "x"), "'stablehlo.nothing' does not occur"),
     (("bisect",), "the following arguments are required"),
     ((), "usage: topos"),
-], ids=["missing-file", "missing-function", "bad-return", "case-raises", "unknown-target",
+], ids=["missing-file", "missing-function", "no-file", "case-exits", "bad-return", "case-raises", "unknown-target",
         "replace-matches-nothing", "no-case", "no-command"])
 def test_cli_exits_two_with_a_message_and_no_traceback_on_user_mistakes(case, arguments, message):
     fill = {"dir": case.parent, "case": case}
@@ -292,3 +310,15 @@ def test_cli_exits_two_with_a_message_and_no_traceback_on_user_mistakes(case, ar
     assert message.format(**fill) in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (("{case}", "--target", "nowhere"), "TargetError: unknown target 'nowhere'; choose one of llvm-cpu"),
+    (("{case}:unfed",), "FeedError: input %0 (%0, recorded at {case}:28 in model) is required and was not fed"),
+], ids=["unknown-target", "missing-feed"])
+def test_cli_errors_name_no_place_outside_the_case_file(case, arguments, message):
+    # A topos error names the innermost line outside topos: run as a script, that was the script's own line.
+    done = topos_command("bisect", *(a.format(case=case) for a in arguments), script=True)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("topos bisect: error: " + message.format(case=case)), done.stderr
+    assert "in <module>" not in done.stderr and "tools/topos" not in done.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _export(arguments) -> int:
     path, function = _split_case(arguments.case, EXPORT_FUNCTION)
+    _check_export_arguments(arguments)
     case = _load_function(path, function)
     entry, parameters, feeds = _call_case(case, path, function)
     from topos.errors import ToposError
@@ -112,11 +114,68 @@ def _export(arguments) -> int:
         folder = entry.lower().export(arguments.output, arguments.target, parameters=parameters, feeds=feeds,
                                       cpu=arguments.cpu, force=arguments.force, frozen=arguments.frozen)
     except ToposError as error:
-        raise _Refusal(f"{type(error).__name__}: {error}") from None
+        raise _Refusal(_for_export(_message(error, path))) from None
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     print(f"exported {len(files)} files to {folder}: {', '.join(files)}")
     print(f"check it without topos: sh {folder / 'check.sh'}")
     return 0
+
+
+def _check_export_arguments(arguments) -> None:
+    """What the command line alone shows to be wrong, refused before the case runs or anything is written."""
+    from topos.dialect.targets import target
+    from topos.errors import ToposError
+
+    try:
+        chosen = target(arguments.target)
+    except ToposError as error:
+        raise _Refusal(f"{type(error).__name__}: {_bare(error)}") from None
+    if arguments.cpu is not None and chosen.name != "llvm-cpu":
+        raise _Refusal(f"--cpu applies to llvm-cpu only; drop it for {arguments.target}")
+    # Replacing (--force) a folder the shell stands in would pull the current directory from under it.
+    folder = Path(arguments.output)
+    here = Path.cwd().resolve()
+    if folder.exists() and (folder.resolve() == here or folder.resolve() in here.parents):
+        relation = "is" if folder.resolve() == here else "contains"
+        raise _Refusal(f"-o {arguments.output} {relation} the current directory ({here}), which export cannot "
+                       "replace; name a new folder, such as -o artifact")
+
+
+# check_cpu's advice names both defaults in the library's spelling (cpu='generic'); the command's is --cpu.
+_CPU_ADVICE = re.compile(r"Use cpu='host' \(this machine's CPU: compile's default\) or cpu='generic' "
+                         r"\(any (\S+) machine: export's default\)")
+
+
+def _for_export(message: str) -> str:
+    """The library's advice in the command's own spelling (--cpu NAME) and with export's default."""
+    return _CPU_ADVICE.sub(r"Use --cpu generic (any \1 machine, export's default) or --cpu host "
+                           r"(this machine's CPU)", message)
+
+
+def _message(error: BaseException, path: Path) -> str:
+    """``Type: message``, naming the place only where it is a line of the case file.
+
+    A topos error names the innermost line outside topos; once the case has
+    returned, that is the ``topos`` script's own line, which says nothing to
+    the user, so it is left out.
+    """
+    text = str(error)
+    bare = _bare(error)
+    if bare != text:
+        # What AtTheUsersLine put in front: "FILE:LINE in FUNCTION: ".
+        site = re.fullmatch(r"(.*):\d+ in .*: ", text[: len(text) - len(bare)])
+        if site is None or os.path.realpath(site.group(1)) != os.path.realpath(path):
+            text = bare
+    return f"{type(error).__name__}: {text}"
+
+
+def _bare(error: BaseException) -> str:
+    """The message of a topos error without the place AtTheUsersLine puts in front of it."""
+    from topos.errors import AtTheUsersLine
+
+    text = str(error)
+    bare = getattr(error, "bare", "") if isinstance(error, AtTheUsersLine) else ""
+    return bare if bare and text.endswith(bare) else text
 
 
 def _bisect(arguments) -> int:
@@ -140,7 +199,7 @@ def _bisect(arguments) -> int:
     try:
         report = bisect(entry, parameters, feeds, arguments.target, rewrite=rewrite)
     except ToposError as error:
-        raise _Refusal(f"{type(error).__name__}: {error}") from None
+        raise _Refusal(_message(error, path)) from None
     if arguments.print_stablehlo and compiled_text:
         print(compiled_text[-1])
     print(report)
@@ -151,6 +210,8 @@ def _split_case(case: str, default: str = DEFAULT_FUNCTION) -> tuple[Path, str]:
     """``FILE.py:FUNCTION`` -> (path, function); a colon that names no identifier belongs to the path."""
     head, colon, tail = case.rpartition(":")
     if colon and tail.isidentifier():
+        if not head:
+            raise _Refusal(f"{case!r}: nothing before the colon; write FILE.py:FUNCTION")
         return Path(head), tail
     if colon and not tail:
         raise _Refusal(f"{case!r}: nothing after the colon; write FILE.py:FUNCTION or just FILE.py")
@@ -172,6 +233,9 @@ def _load_function(path: Path, function: str):
         spec.loader.exec_module(module)
     except SyntaxError as error:
         raise _Refusal(f"{error.filename}:{error.lineno}: SyntaxError: {error.msg}") from None
+    except SystemExit as error:  # the user's module ended the process while loading: report, go on
+        raise _Refusal(f"{path} called {_exit_call(error)} while being imported; a case file defines "
+                       f"{function}() and does not exit{_line_in(error, path)}") from None
     except Exception as error:  # noqa: BLE001  (the user's module raised while loading)
         raise _Refusal(f"importing {path} raised {_where(error, path)}") from None
     case = getattr(module, function, None)
@@ -191,6 +255,9 @@ def _call_case(case, path: Path, function: str):
 
     try:
         returned = case()
+    except SystemExit as error:  # the user's function ended the process: report, go on
+        raise _Refusal(f"{path} called {_exit_call(error)} while {function}() ran; {function}() returns "
+                       f"(entry, parameters, feeds) and does not exit{_line_in(error, path)}") from None
     except Exception as error:  # noqa: BLE001  (the user's function raised: report, do not crash)
         raise _Refusal(f"{function}() in {path} raised {_where(error, path)}") from None
     if not isinstance(returned, (tuple, list)) or len(returned) not in (2, 3):
@@ -205,14 +272,22 @@ def _call_case(case, path: Path, function: str):
 
 def _where(error: BaseException, path: Path) -> str:
     """``Type: message`` and the innermost line of the user's file the exception passed through."""
-    text = f"{type(error).__name__}: {error}"
+    return f"{type(error).__name__}: {error}{_line_in(error, path)}"
+
+
+def _line_in(error: BaseException, path: Path) -> str:
+    """``at FILE:LINE in FUNCTION: code`` on a line of its own: the innermost line of ``path`` in the traceback."""
     target = os.path.realpath(path)
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if os.path.realpath(f.filename) == target]
-    if frames:
-        last = frames[-1]
-        text += f"\n  at {last.filename}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
-    return text
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"\n  at {last.filename}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
+
+
+def _exit_call(error: SystemExit) -> str:
+    return "sys.exit()" if error.code is None else f"sys.exit({error.code!r})"
 
 
 def _kind(value) -> str:

@@ -173,8 +173,26 @@ def test_lowering_searches_for_no_dialect_module_per_op(monkeypatch):
 
 def test_emit_needs_something_to_export():
     network, _roots, _observes = graphs.walkthrough()
-    with pytest.raises(ValueError, match="at least one root"):
+    with pytest.raises(topos.SymbolError, match="at least one root or observe to export; pass the symbols"):
         emit_module(network, ())
+
+
+def test_emit_takes_a_network_first():
+    _network, roots, _observes = graphs.walkthrough()
+    for given, kind in ((None, "None"), ("network", "a str")):
+        with pytest.raises(topos.ArgumentError, match=f"emit_module takes the sealed Network first .*, not {kind}$"):
+            emit_module(given, roots)
+
+
+@pytest.mark.parametrize("given, kind", [
+    (b"module {}", r"bytes; decode them first: data\.decode\('utf-8'\)"), (None, "None"), (3, "an int"),
+], ids=["bytes", "none", "int"])
+def test_parse_takes_text_or_a_module_and_names_what_it_got(given, kind):
+    spec = rf"parse_spec takes topos IR text \(a str\) or a module .*, not {kind}$"
+    with pytest.raises(topos.ArgumentError, match=spec):
+        parse_spec(given)
+    with pytest.raises(topos.ArgumentError, match=rf"parse_module takes topos IR text \(a str\), not {kind}$"):
+        parse_module(given)
 
 
 def test_emit_refuses_symbols_of_another_network():

@@ -8,11 +8,19 @@ import sys
 
 import pytest
 
+import topos
+
 ir = pytest.importorskip("iree.compiler.ir")
 
 from topos.dialect import emit_module, emit_text  # noqa: E402
 from topos.dialect import passes as pass_registry  # noqa: E402
-from topos.dialect.opt import check_expected, expectations, main, split_chunks  # noqa: E402
+from topos.dialect.opt import (  # noqa: E402
+    check_expected,
+    expectations,
+    main,
+    malformed_expectations,
+    split_chunks,
+)
 from topos.dialect.passes import (  # noqa: E402
     PassFailure,
     parse_options,
@@ -169,6 +177,36 @@ def test_expectation_offsets():
     assert check_expected("", [], "x.mlir") == []
 
 
+# mlir-opt skips an expectation it cannot read, so a typo passes a test that checks nothing.
+UNREADABLE_EXPECTATIONS = {
+    "no end": ("// expected-error @+1 {{unterminated", "found start of the expected-error message with no end '}}'"),
+    "single closing brace": ("// expected-warning {{almost}", "found start of the expected-warning message"),
+    "line that is no number": ("// expected-error @+x {{foo}}", "'@+x' is no line of expected-error; write @+N, @-N"),
+    "message without braces": ("// expected-error @+1 unterminated}}", "expected '{{' to start the message"),
+    "regex form": ("// expected-error-re @+1 {{a{{.*}}}}", "expected-error-re is not supported by topos-opt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE_EXPECTATIONS))
+def test_verify_diagnostics_refuses_an_expectation_it_cannot_read(capsys, tmp_path, case):
+    comment, message = UNREADABLE_EXPECTATIONS[case]
+    path = tmp_path / "expected.mlir"
+    path.write_text(f"{comment}\nmodule {{\n}}\n")
+    status, _, err = run_tool(capsys, str(path), "--verify-diagnostics")
+    assert status == 1
+    assert err.startswith(f"{path}:1:4: error: {message}"), err
+    assert "Traceback" not in err
+
+
+def test_readable_expectations_and_prose_are_not_refused():
+    text = ("// expected-error@+1{{packed}} expected-note @above {{words expected-error @+q {{inside}}\n"
+            "// a sentence that names expected-error without an expectation\n")
+    assert malformed_expectations(text) == []
+    assert [(e.severity, e.message) for e in expectations(text)] == [
+        ("error", "packed"), ("note", "words expected-error @+q {{inside")
+    ]
+
+
 # ---- the registry and pipelines --------------------------------------------------------
 
 
@@ -180,6 +218,42 @@ def test_split_pipeline_and_options():
     assert parse_options('p{a=1 b="x y" c={1,2} flag}') == ("p", {"a": "1", "b": "x y", "c": "1,2", "flag": "true"})
     with pytest.raises(PassFailure, match="unbalanced"):
         split_pipeline("a{x=1")
+    assert split_pipeline("builtin.module()") == [] and split_pipeline("") == []
+    for pipeline, column in (("cse,", 5), (",cse", 1), ("cse, ,cse", 6)):
+        with pytest.raises(PassFailure, match=f"Parser:1:{column}: error: '' does not refer to a registered pass"):
+            split_pipeline(pipeline)
+
+
+def test_run_pipeline_takes_a_module_and_names_the_text_entry_point():
+    for given, kind in (("module {}", "a str"), (None, "None"), (b"module {}", "bytes")):
+        with pytest.raises(topos.ArgumentError, match=f"run_pipeline takes a module .*, not {kind}") as caught:
+            run_pipeline(given, "topos-verify")
+        assert isinstance(caught.value, TypeError)
+    with pytest.raises(topos.ArgumentError, match=r"transform\(text, pipeline\)"):
+        run_pipeline("module {}", "topos-verify")
+    with pytest.raises(topos.ArgumentError, match="run_pipeline takes the pipeline as text"):
+        run_pipeline(emit_module(*graphs.walkthrough()), None)
+    with pytest.raises(topos.ArgumentError, match="transform takes topos IR text \\(a str\\), not bytes; decode"):
+        pass_registry.transform(b"module {}", "cse")
+
+
+def test_an_unknown_fusion_kind_is_named_before_the_missing_offers():
+    module = emit_module(*graphs.walkthrough())
+    with pytest.raises(PassFailure, match="kinds names 'warp', which is no fusion kind \\(kinds: convolution"):
+        run_pipeline(module, "topos-elect{kinds=warp}")
+    with pytest.raises(PassFailure, match="topos-elect needs the offers of topos-fuse"):
+        run_pipeline(module, "topos-elect{kinds=max_pool}")
+
+
+def test_an_option_value_llvm_refuses_is_one_line_on_stderr(valid_file):
+    # LLVM's option parser writes its complaint on file descriptor 2 itself; it joins the pipeline error.
+    result = subprocess.run([sys.executable, TOOL, valid_file, "--canonicalize=max-iterations=banana"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "MLIR Textual PassPipeline Parser:1:1: error: failed to add `canonicalize` with options "
+        "`max-iterations=banana`: for the --max-iterations option: 'banana' value invalid for long argument!"
+    ]
 
 
 @pytest.fixture

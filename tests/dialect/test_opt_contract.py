@@ -155,6 +155,39 @@ CASES = {
         r"^MLIR Textual PassPipeline Parser:1:12: error: pass 'topos-elect': kinds names 'conv', which is "
         r"no fusion kind",
     ),
+    "unknown fusion kind before the offers it needs": Case(
+        VALID.encode(), ("{in}", "--topos-elect=kinds=warp_drive"), 1,
+        r"^MLIR Textual PassPipeline Parser:1:1: error: pass 'topos-elect': kinds names 'warp_drive', which is "
+        r"no fusion kind \(kinds: convolution, ",
+    ),
+    "upstream option value LLVM refuses": Case(
+        VALID.encode(), ("{in}", "--canonicalize=max-iterations=banana"), 1,
+        r"^MLIR Textual PassPipeline Parser:1:1: error: failed to add `canonicalize` with options "
+        r"`max-iterations=banana`: for the --max-iterations option: 'banana' value invalid for long argument!\n$",
+    ),
+    # ---- the pipeline and the command line
+    "empty pass name after a comma": Case(
+        VALID.encode(), ("{in}", "-p", "topos-verify,"), 1,
+        r"^MLIR Textual PassPipeline Parser:1:14: error: '' does not refer to a registered pass or pass "
+        r"pipeline \(an empty pass name: drop the extra ','\)\n$",
+    ),
+    "empty pass name between commas": Case(
+        VALID.encode(), ("{in}", "-p", "builtin.module(cse,,cse)"), 1,
+        r"^MLIR Textual PassPipeline Parser:1:20: error: '' does not refer to a registered pass",
+    ),
+    "a second input file": Case(
+        VALID.encode(), ("{in}", "{in}"), 1,
+        r"^topos-opt: error: too many positional arguments: '\S+in\.mlir' after the input file '\S+in\.mlir'; "
+        r"topos-opt reads one input file\n$",
+    ),
+    "empty argument after --split-input-file": Case(
+        VALID.encode(), ("{in}", "--split-input-file", ""), 1,
+        r"^topos-opt: error: too many positional arguments: '' after the input file '\S+'; topos-opt reads one "
+        r"input file \(--split-input-file takes its marker as --split-input-file=MARKER\)\n$",
+    ),
+    "empty input file name": Case(
+        VALID.encode(), ("",), 1, r"^topos-opt: error: could not open input file '': No such file or directory\n$",
+    ),
     # ---- where topos ops stand
     "function without a return": Case(
         function(PARAMETER).encode(), ("{in}",), 1,

@@ -227,6 +227,12 @@ def test_an_existing_folder_is_refused_unless_forced(tmp_path):
         plan.export(tmp_path / "missing" / "step")
 
 
+def test_a_cpu_for_another_target_is_refused(tmp_path):
+    with pytest.raises(ExportError, match="target cuda takes no cpu: drop cpu="):
+        training_step(np.float32).export(tmp_path / "step", "cuda", cpu="host")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_target_that_cannot_serve_the_plan_writes_nothing(tmp_path):
     with pytest.raises(TargetError, match="no float64 support"):
         training_step(np.float64).export(tmp_path / "step", "vulkan-spirv")
@@ -253,6 +259,13 @@ def test_the_current_directory_is_refused_and_left_as_it_was(tmp_path, monkeypat
         with pytest.raises(ExportError, match="is the current directory, which export cannot replace"):
             training_step(np.float32).export(name, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    for name in ("..", "../..", str(tmp_path)):  # force would have replaced the folder we stand in
+        with pytest.raises(ExportError, match="holds the current directory, which export cannot replace"):
+            training_step(np.float32).export(name, force=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and deep.is_dir()
 
 
 def test_a_folder_that_takes_no_new_folder_is_an_export_error(tmp_path, monkeypatch):
@@ -297,8 +310,9 @@ def export_case():
 '''
 
 
-def topos_command(*arguments, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "topos.cli", *arguments], cwd=cwd, capture_output=True,
+def topos_command(*arguments, cwd, script: bool = False) -> subprocess.CompletedProcess:
+    command = [str(ROOT / "tools" / "topos")] if script else ["-m", "topos.cli"]
+    return subprocess.run([sys.executable, *command, *arguments], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -318,3 +332,67 @@ def test_topos_export_writes_the_artifact_and_refuses_to_overwrite(tmp_path):
     assert missing.returncode == 2 and "no such file: nowhere.py" in missing.stderr
     wrong = topos_command("export", "case.py:bisect_case", "-o", "y", cwd=tmp_path)
     assert wrong.returncode == 2 and "has no function 'bisect_case'" in wrong.stderr
+
+
+EXITS = CASE + """
+def exits():
+    import sys
+
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ((":export_case", "-o", "out"), "':export_case': nothing before the colon; write FILE.py:FUNCTION"),
+    (("case.py:exits", "-o", "out"), "case.py called sys.exit(3) while exits() ran; exits() returns (entry, "
+                                     "parameters, feeds) and does not exit\n  at "),
+    (("case.py", "-o", "out", "--target", "cuda", "--cpu", "host"), "--cpu applies to llvm-cpu only; drop it for cuda"),
+    (("case.py", "-o", "out", "--target", "vulkan-spirv", "--cpu", "generic"),
+     "--cpu applies to llvm-cpu only; drop it for vulkan-spirv"),
+    (("case.py", "-o", "out", "--target", "nowhere"), "TargetError: unknown target 'nowhere'; choose one of"),
+], ids=["no-file", "case-exits", "cpu-for-cuda", "cpu-for-vulkan", "unknown-target"])
+def test_topos_export_refuses_user_mistakes_in_one_message_and_writes_nothing(tmp_path, arguments, message):
+    (tmp_path / "case.py").write_text(EXITS)
+    done = topos_command("export", *arguments, cwd=tmp_path, script=True)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith(f"topos export: error: {message}"), done.stderr
+    assert "Traceback" not in done.stderr and "in <module>:" not in done.stderr
+    assert done.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_topos_export_names_no_place_outside_the_case_file(tmp_path):
+    # A topos error names the innermost line outside topos; once the case has returned, that was the script's.
+    (tmp_path / "case.py").write_text(CASE)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kept.txt").write_text("mine")
+    done = topos_command("export", "case.py", "-o", "out", cwd=tmp_path, script=True)
+    assert done.returncode == 2
+    assert done.stderr == ("topos export: error: ExportError: out exists and is not empty; choose a new folder, "
+                           "or pass force=True (topos export --force) to replace it\n")
+
+
+def test_topos_export_speaks_of_its_own_cpu_default(tmp_path):
+    from topos.dialect.targets import llvm_cpus
+
+    if llvm_cpus() is None:
+        pytest.skip("this IREE does not list its LLVM CPUs, so no cpu is refused before compiling")
+    (tmp_path / "case.py").write_text(CASE)
+    done = topos_command("export", "case.py", "-o", "out", "--cpu", "pentium9000", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "TargetError: unknown cpu 'pentium9000'" in done.stderr
+    assert "Use --cpu generic (any " in done.stderr and "machine, export's default) or --cpu host (this " in done.stderr
+    assert "cpu='host'" not in done.stderr
+
+
+@pytest.mark.parametrize("output", ["..", "../..", "."])
+def test_topos_export_refuses_a_folder_that_holds_the_current_directory(tmp_path, output):
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "case.py").write_text(CASE)
+    done = topos_command("export", "case.py", "-o", output, "--force", cwd=deep)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    relation = "is" if output == "." else "contains"
+    assert done.stderr.startswith(f"topos export: error: -o {output} {relation} the current directory "
+                                  f"({deep.resolve()}), which export cannot replace; name a new folder, such as "
+                                  "-o artifact"), done.stderr
+    assert sorted(p.name for p in deep.iterdir()) == ["case.py"] and (deep / "case.py").read_text() == CASE
