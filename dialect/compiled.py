@@ -829,7 +829,10 @@ class CompiledPlan:
     def forward(self, parameters=None, feeds=None) -> CompiledRun:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols.
 
-        A module compiled with ``frozen=`` holds its parameters: call ``forward(feeds=...)``.
+        ``parameters`` is a host Parameters table, or the ResidentParameters
+        of ``resident``/``step``: then the run reads the arrays where they
+        live, with no copy (an evaluation between training steps). A module
+        compiled with ``frozen=`` holds its parameters: call ``forward(feeds=...)``.
         """
         if self._frozen is not None:
             if parameters is not None:
@@ -838,10 +841,20 @@ class CompiledPlan:
                     "holds their values; call forward(feeds=...), or compile again with frozen=<the new table>"
                 )
             values = self._bind_inputs(feeds)
+        elif type(parameters) is ResidentParameters:
+            return self._forward_resident(parameters, feeds)
         else:
             values = self._values(parameters, feeds)  # checked before the device is touched
         self._load()
         return CompiledRun(self, self._call(self._invoker, values))
+
+    def _forward_resident(self, state: ResidentParameters, feeds) -> CompiledRun:
+        """``forward`` over device state: each parameter pushed as the buffer it is (as ``step`` does)."""
+        self._load()
+        self._check_state(state)
+        values = self._bind_inputs(feeds)
+        assert self._invoker is not None  # _load made it
+        return CompiledRun(self, self._call(self._invoker.resumed, state._sources, self._parameters, values))
 
     def _call(self, invoke, *arguments) -> _Results:
         """Invoke the module; IREE's failures become ToposErrors that say what happened.

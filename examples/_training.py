@@ -46,7 +46,7 @@ def parser(description: str, steps: int, seed: int = 42) -> argparse.ArgumentPar
     """The options every example takes; an example adds its own to the parser returned."""
     parser = argparse.ArgumentParser(description=description)
     add_reading_options(parser, "trains")
-    parser.add_argument("--steps", type=_positive, default=steps, help=f"training steps (default {steps})")
+    parser.add_argument("--steps", type=positive, default=steps, help=f"training steps (default {steps})")
     parser.add_argument("--seed", type=int, default=seed,
                         help=f"seed of the data split, batches and init (default {seed})")
     parser.add_argument("--plot", metavar="PATH", help="write the loss curve to PATH (PNG, with matplotlib)")
@@ -69,7 +69,7 @@ def reading(args) -> str:
     return args.route if args.route != "iree" or args.target == "llvm-cpu" else f"iree on {args.target}"
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")

@@ -38,18 +38,32 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _training
 sys.path.insert(0, str(HERE / "makemore"))  # mlp, names, series
 
+from _training import positive  # noqa: E402  (topos only: jax must not be imported before --devices)
+
+
+def _counts(text: str) -> list[int]:
+    """``--timing``: comma-separated device counts, each a positive integer (empty: no timing)."""
+    try:
+        return [positive(n) for n in text.split(",") if n.strip()]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"takes device counts separated by commas (e.g. 1,2,4), got {text!r}") from None
+
 
 def command_line() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--devices", type=int, default=2, help="devices the sharded step runs on (default 2)")
-    options.add_argument("--steps", type=int, default=500, help="training steps of each run (default 500)")
-    options.add_argument("--batch", type=int, default=256, help="rows per step, split over the devices (default 256)")
-    options.add_argument("--context", type=int, default=3)
-    options.add_argument("--embedding", type=int, default=10)
-    options.add_argument("--hidden", type=int, default=200)
-    options.add_argument("--timing", default="1,2,4", help="device counts to time a step on (default 1,2,4)")
-    options.add_argument("--timing-steps", type=int, default=100, help="steps in a timed round (default 100)")
-    options.add_argument("--timing-rounds", type=int, default=5, help="timed rounds per device count (default 5)")
+    options.add_argument("--devices", type=positive, default=2, help="devices the sharded step runs on (default 2)")
+    options.add_argument("--steps", type=positive, default=500, help="training steps of each run (default 500)")
+    options.add_argument("--batch", type=positive, default=256,
+                         help="rows per step, split over the devices (default 256)")
+    options.add_argument("--context", type=positive, default=3)
+    options.add_argument("--embedding", type=positive, default=10)
+    options.add_argument("--hidden", type=positive, default=200)
+    options.add_argument("--timing", type=_counts, default="1,2,4",
+                         help="device counts to time a step on (default 1,2,4; empty for none)")
+    options.add_argument("--timing-steps", type=positive, default=100, help="steps in a timed round (default 100)")
+    options.add_argument("--timing-rounds", type=positive, default=5,
+                         help="timed rounds per device count (default 5)")
     options.add_argument("--seed", type=int, default=42)
     options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
@@ -65,10 +79,10 @@ def _split_host(count: int) -> None:
 
 def main(argv=None) -> None:
     args = command_line().parse_args(argv)
-    timing = [int(n) for n in args.timing.split(",") if n] if args.timing else []
+    timing = args.timing
     counts = sorted({1, args.devices, *timing})
     for n in counts:
-        if n < 1 or args.batch % n:
+        if args.batch % n:
             raise SystemExit(f"error: --batch {args.batch} does not split over {n} devices; pick a multiple of {n}")
     _split_host(max(counts))
 

@@ -43,3 +43,14 @@ def test_a_batch_that_does_not_split_is_refused_before_jax_starts():
     done = subprocess.run([sys.executable, str(EXAMPLE), "--devices", "3", "--batch", "16", "--timing", ""],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0 and "does not split over 3 devices" in done.stderr
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--devices", "0"], "--devices: must be a positive integer, got 0"),
+    (["--timing", "1,two"], "--timing: takes device counts separated by commas"),
+    (["--batch", "-4"], "--batch: must be a positive integer, got -4"),
+])
+def test_counts_that_are_not_positive_integers_are_named_by_their_option(options, named):
+    done = subprocess.run([sys.executable, str(EXAMPLE), *options], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr

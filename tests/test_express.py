@@ -183,3 +183,25 @@ def test_forward_mode_rules_agree_with_reverse_mode_for_every_opcode(case):
     dot = sum(float(p.sum()) for p in products)
     scale = sum(float(np.abs(p).sum()) for p in products)
     assert abs(float(jvp) - dot) <= 1e-13 * scale
+
+
+def test_eager_arrays_are_held_to_the_shape_rules_a_recording_is_held_to():
+    """What a recording refuses, an Eager expression refuses with the same words; what it records, Eager computes."""
+    from topos import Eager, ShapeError
+
+    mine = np.ones((2, 3), np.float32)
+    a = Eager(mine)
+    mine[0, 0] = 5.0  # the caller's array stays the caller's: the Eager kept its own copy
+    assert a.array[0, 0] == 1.0 and not a.array.flags.writeable
+    assert np.array_equal((a + 1.0).tanh().array, np.tanh(np.full((2, 3), 2.0, np.float32)))
+    assert Eager([1.0, 2.0]).dtype == np.float64  # a list becomes an array, as np.asarray would make it
+    others = [np.ones(3, np.float32), np.ones((2, 3), np.float64)]
+    for other, words in zip(others, [r"add: shapes \[2, 3\] and \[3\] differ", r"add: .*f32.*f64"]):
+        with pytest.raises(ShapeError, match=words) as eagerly:
+            a + Eager(other)
+        with pytest.raises(ShapeError, match=words) as recorded:
+            Tape.record(lambda tape, other=other: tape.input(np.ones((2, 3), np.float32)) + tape.input(other))
+        assert "test_express.py" in str(eagerly.value)
+        assert str(eagerly.value).split(": add: ")[1] == str(recorded.value).split(": add: ")[1]
+    with pytest.raises(ShapeError, match=r"matmul: contracted extents differ"):
+        a @ a

@@ -238,6 +238,16 @@ def test_a_jitted_call_and_the_convenience_agree_with_the_oracle():
         assert np.max(np.abs(run[symbol] - oracle[symbol])) <= END_TO_END_ULPS * eps * np.max(np.abs(oracle[symbol]))
 
 
+def test_a_training_step_handed_a_table_or_a_feed_dict_says_which_tuples_it_takes():
+    w, function = _sgd_mlp()
+    step = function.training_step(w.updates)
+    arrays = function.parameter_arrays(w.parameters), function.input_arrays(w.feeds)
+    for given in [(w.parameters, arrays[1]), (arrays[0], w.feeds)]:
+        with pytest.raises(ArgumentError, match=r"tuples of arrays, got .*function.parameter_arrays\(table\)"):
+            step(*given)
+    assert len(step(*arrays)[0]) == len(function.parameters)
+
+
 def test_fori_loop_of_the_training_step_matches_the_oracle_loop():
     w, function = _sgd_mlp()
     step = function.training_step(w.updates)
@@ -344,6 +354,22 @@ def test_arguments_are_checked_by_count_and_by_type():
         function()
     with pytest.raises(FeedError, match=r"argument 0 \(x\)"):
         function(np.ones(3, np.float32))
+
+
+def test_a_sharding_that_does_not_fit_names_the_argument_and_its_shape():
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    network, out = Tape.record(lambda tape: (tape.input(np.ones((5, 3), np.float32), name="x") * 2.0).sum())
+    function = xla.to_jax(network.entry([out]).lower())
+    mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
+    rows = NamedSharding(mesh, PartitionSpec("batch"))
+    assert float(function.forward(network.parameters(), shardings={"x": rows})[out]) == 30.0
+    for sharding in ("batch", NamedSharding(mesh, PartitionSpec(None, None, "batch"))):
+        with pytest.raises(FeedError, match=r"the sharding of x \(\[5, 3\] float32\) does not fit it: .*divide"):
+            function.forward(network.parameters(), shardings={"x": sharding})
+    with pytest.raises(ArgumentError, match="shardings maps argument Symbols or names to jax Shardings"):
+        function.forward(network.parameters(), shardings=[("x", rows)])
 
 
 @pytest.mark.parametrize("on", [False, True], ids=["x64-off", "x64-on"])

@@ -537,6 +537,12 @@ def feeding_the_wrong_element_type():
     network.forward(network.parameters(), {"x": np.ones((4, 3))})
 
 
+@case(FeedError, "expects element type f32, got float64", r"float\(x\)")
+def feeding_a_numpy_number_to_a_rate_input():
+    network, out = record(lambda t: t.input(np.float32(0.1), name="lr") * 2.0)
+    network.forward(network.parameters(), {"lr": np.float64(0.05)})
+
+
 @case(FeedError, "is a parameter, not an input", "only inputs can be fed")
 def feeding_a_parameter():
     network, (w, x, loss) = _small()
@@ -864,6 +870,11 @@ def a_batch_norm_trained_on_a_batch_of_one():
     record(lambda t: nn.BatchNorm(3)(v(t, (1, 3))))
 
 
+@case(ArgumentError, "training= takes True or False", "got str 'False'")
+def a_batch_norm_told_its_reading_in_a_string():
+    record(lambda t: nn.BatchNorm(3)(v(t, (4, 3)), training="False"))
+
+
 @case(ArgumentError, r"Linear.weight: init returned float64 \[2, 3\], expected float32 \[2, 3\]")
 def an_init_that_returns_float64():
     record(lambda t: nn.Linear(3, 2, init=lambda g, shape, dtype: np.zeros(shape, np.float64)))
@@ -877,6 +888,16 @@ def flattening_a_vector():
 @case(ArgumentError, r"ModuleList is indexed by int positions, got str '0'", r"use \[0\]")
 def indexing_a_module_list_by_a_string():
     record(lambda t: nn.ModuleList([nn.Linear(2, 2)])["0"])
+
+
+@case(ArgumentError, r"Sequential\(\)\.eval\(\) would set a mode", r"with nn\.inference\(\)", "training=False")
+def switching_a_model_to_evaluation_as_in_pytorch():
+    record(lambda t: nn.Sequential(nn.Linear(2, 2), nn.BatchNorm(2)).eval())
+
+
+@case(ArgumentError, r"Linear\(.*\.train\(\) would set a mode", r"with nn\.inference\(\)")
+def switching_a_layer_to_training_as_in_pytorch():
+    record(lambda t: nn.Linear(2, 2).train())
 
 
 @case(ArgumentError, r"dropout_feeds: pass a topos.init.Generator")
@@ -986,6 +1007,17 @@ def differentiating_with_respect_to_a_list_of_modules():
     def body(t):
         layer = nn.Linear(3, 1)
         return t.differentiate(layer(t.input(shape=(2, 3), name="x")).sum(), [layer])
+
+    record(body)
+
+
+@case(RecordingError, r"Linear.owner: assigning Linear would make a module its own descendant",
+      "keep back-references out of the module tree")
+def a_module_tree_with_a_loop():
+    def body(t):
+        outer = nn.Sequential(nn.Linear(2, 2))
+        outer[0].owner = outer[0]  # a back-reference: the tree would loop
+        return outer
 
     record(body)
 
@@ -1110,6 +1142,21 @@ def stepping_with_updates_of_another_network():
     network, loss, updates, compiled = _trained()
     other, other_loss, other_updates, other_compiled = _trained()
     compiled.step(compiled.resident(network.parameters()), {}, other_updates)
+
+
+@case(ArgumentError, "apply takes the host Parameters table", "got ResidentParameters",
+      r"compiled\.step\(state, feeds, updates\)")
+def applying_updates_to_device_state():
+    network, loss, updates, compiled = _trained()
+    state = compiled.resident(network.parameters())
+    updates.apply(state, compiled.forward(state))
+
+
+@case(SymbolError, "the run has no value for", "the next value of", r"updates\.roots\(loss\)")
+def applying_updates_from_a_run_that_did_not_compute_them():
+    network, loss, updates, compiled = _trained()
+    evaluation = network.entry([loss]).lower().compile("llvm-cpu")
+    updates.apply(network.parameters(), evaluation.forward(network.parameters()))
 
 
 @case(SymbolError, r"not a parameter slot of this table: only parameters have slots \(here: w\)")

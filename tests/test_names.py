@@ -55,7 +55,7 @@ def test_an_unknown_name_lists_the_names_there_are():
         network.named("fc.wieght")
 
 
-@pytest.mark.parametrize("bad", ["", "two words", "%3", 7])
+@pytest.mark.parametrize("bad", ["", "two words", "%3", 7, "w\x00", "fc\x1b[31m", "tab\tname"])
 def test_an_invalid_name_is_refused_at_the_recording_line(bad):
     with pytest.raises(SymbolError, match=r"test_names.py:\d+.*not a valid name"):
         Tape.record(lambda tape: tape.parameter(np.ones(2, F32), name=bad))

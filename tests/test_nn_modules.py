@@ -159,6 +159,18 @@ def test_the_module_tree_is_walkable():
     assert "(attn): MultiHeadAttention(8, num_heads=2" in seen["repr"]
 
 
+def test_a_stack_of_like_blocks_prints_once_with_its_count():
+    def record(tape):
+        stack = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2), nn.Tanh(), nn.Linear(2, 3))
+        blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.GELU()) for _ in range(12)])
+        return repr(stack), repr(blocks)
+
+    _, (stack, blocks) = Tape.record(record)
+    assert stack.splitlines() == ["Sequential(", "  (0-2): 3 x Linear(2, 2, bias=True)", "  (3): Tanh()",
+                                  "  (4): Linear(2, 3, bias=True)", ")"]
+    assert blocks.splitlines()[1] == "  (0-11): 12 x Sequential(" and len(blocks.splitlines()) == 6
+
+
 def test_a_tied_weight_keeps_its_owners_name_and_appears_once():
     def record(tape):
         class Tied(nn.Module):
@@ -390,6 +402,8 @@ def test_module_list_positions_and_a_missing_forward_are_explained():
             modules["0"]
         with pytest.raises(ArgumentError, match=r"ModuleList holds modules; item 2 is a int"):
             modules.append(3)
+        assert modules.extend([nn.Linear(2, 3), nn.GELU()]) is modules and len(modules) == 4
+        assert modules[2].weight.name == "2.weight" and [k for k, _ in modules.named_children()] == ["0", "1", "2", "3"]
 
         class NoForward(nn.Module):
             pass

@@ -339,3 +339,24 @@ def test_labels_as_selection_and_adam_train_the_model_down():
     assert isinstance(topos.Updates([]) + updates, topos.Updates)
     with pytest.raises(DifferentiationError, match="updated twice"):
         updates + updates
+
+
+def test_the_rate_of_a_recorded_step_is_fed_not_assigned():
+    holder = {}
+
+    def record(tape):
+        model = nn.Linear(3, 1)
+        loss = model(tape.input(np.ones((2, 3), np.float32), name="x")).sum()
+        holder["sgd"] = sgd = optim.SGD(lr=0.1)
+        sgd.lr = 0.2  # before record: the default the recorded input takes
+        return loss, sgd.record(tape.differentiate(loss, model.parameters()))
+
+    network, (loss, updates) = Tape.record(record)
+    sgd = holder["sgd"]
+    assert network.payload(sgd.learning_rate) == np.float32(0.2)
+    with pytest.raises(ArgumentError, match=r"SGD.lr: this optimizer's step is recorded, .* 'optim.lr'.*"
+                                            r"\{'optim.lr': 0.5\}, or pass step\(\.\.\., lr=\) on the host"):
+        sgd.lr = 0.5  # the compiled step would keep 0.2 while the host reading moved on
+    assert sgd.lr == 0.2
+    with pytest.raises(ArgumentError, match="lr must be"):
+        optim.SGD(lr=0.1).lr = "fast"

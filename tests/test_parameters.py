@@ -244,3 +244,42 @@ def test_carried_refuses_a_network_of_another_family(recorded):
 def test_repr_lists_slots_shapes_and_types(recorded):
     _, parameters, (w, b, *_) = recorded
     assert repr(parameters) == f"Parameters({{{w!r}: [2, 2] float32, {b!r}: [2] float32}})"
+
+
+def test_tables_take_what_a_learner_hands_them_or_say_what_to_hand():
+    import topos
+    from topos import ArgumentError, SymbolError, nn
+
+    def record(tape):
+        model = nn.Linear(3, 2)
+        return model, model(tape.input(shape=(1, 3), name="x"))
+
+    network, (model, y) = Tape.record(record)
+    table = network.parameters()
+    assert model.weight in table and np.array_equal(table[model.weight], table["weight"])  # a Value is its Symbol
+    rate = 0.1 * np.cos(0.5)  # an np.float64, as a schedule gives
+    assert np.array_equal((rate * table)["weight"], (table * rate)["weight"])
+    assert np.array_equal((-table)["weight"], (table * -1)["weight"])
+    assert np.array_equal((table - table)["weight"], np.zeros((2, 3), np.float32))
+    for call, error, match in [
+        (lambda: table[0], SymbolError, "indexed by Symbol or by name, not by position"),
+        (lambda: table.map(3), ArgumentError, "map takes a function"),
+        (lambda: table.with_payloads(None), ArgumentError, "with_payloads takes a mapping"),
+        (lambda: table.with_payloads(table), ArgumentError, r"network.parameters\(table\)"),
+        (lambda: table.with_payloads(("weight", np.zeros((2, 3), np.float32))), ArgumentError, "wrap one pair"),
+        (lambda: table.with_payloads({"weight": np.zeros((2, 3), np.float32),
+                                      model.weight.symbol: np.ones((2, 3), np.float32)}),
+         topos.FeedError, "names slot weight twice"),
+        (lambda: table.carried({}), ArgumentError, "carried takes the reopened Network"),
+        (lambda: network.parameters("model.safetensors"), ArgumentError, r"topos.checkpoint.load\(path, network\)"),
+        (lambda: network.parameters({model.weight.symbol: np.zeros((2, 3), np.float32)}), ArgumentError,
+         r"keyed by Symbol .* table.named\(\)"),
+        (lambda: network.named(["x"]), SymbolError, "named takes a name"),
+        (lambda: table + 1.0, ArgumentError, r"takes a table over the same slots, got float 1.0; .*table.map"),
+        (lambda: 1.0 + table, ArgumentError, r"takes a table over the same slots, got float 1.0"),
+        (lambda: 1.0 - table, ArgumentError, r"Parameters - takes a table"),
+        (lambda: table / 0, ArgumentError, r"/ 0 would fill every slot with inf or nan"),
+        (lambda: table * float("nan"), ArgumentError, r"\* nan would fill every slot"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()

@@ -119,5 +119,6 @@ def test_misuse_is_refused():
     hidden = network.node(loss).operands[0]
     with pytest.raises(DifferentiationError, match=r"rank-0 target.*shape \[4, 3\]"):
         recompute.backward(network, network.parameters(), feeds, network.node(hidden).operands[0])
-    with pytest.raises(ValueError, match="segment must be a positive number of nodes"):
-        recompute.backward(network, network.parameters(), feeds, loss, segment=0)
+    for segment in (0, 2.0, True):
+        with pytest.raises(topos.ArgumentError, match="segment must be a positive number of nodes"):
+            recompute.backward(network, network.parameters(), feeds, loss, segment=segment)

@@ -136,7 +136,7 @@ def _coerce_feed(i, value, spec, site, freeze: bool = True, name: str | None = N
         if array.dtype != spec.dtype:
             raise FeedError(
                 f"{where} expects element type {short_name(spec.dtype)}, got {array.dtype}; "
-                f"convert with {_conversion(fed, spec.dtype)} first"
+                f"convert with {_conversion(fed, spec)} first"
             )
     else:
         array = _as_array(where, value, spec, spec.dtype)
@@ -170,10 +170,13 @@ def _host_value(where, value, spec):
         ) from None
 
 
-def _conversion(fed, dtype) -> str:
-    """How the caller converts what they fed: ``.to(torch.float32)`` for a torch tensor, ``.astype(...)`` else."""
+def _conversion(fed, spec) -> str:
+    """How the caller converts what they fed: ``.to(torch.float32)`` for a torch tensor, ``float(x)`` for a
+    NumPy number fed to a rank-0 input (a schedule's np.float64 rate), ``.astype(...)`` else."""
     if type(fed).__module__.split(".")[0] == "torch":
-        return f".to(torch.{np.dtype(dtype).name})"
+        return f".to(torch.{np.dtype(spec.dtype).name})"
+    if isinstance(fed, np.generic) and spec.shape == () and np.dtype(spec.dtype).kind in "fc":
+        return "float(x) (a Python number takes the input's element type) or .astype(...)"
     return ".astype(...)"
 
 

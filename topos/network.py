@@ -192,6 +192,9 @@ class Network:
 
     def named(self, name: str) -> Symbol:
         """The parameter or input called ``name``."""
+        if not isinstance(name, str):
+            fix = "; for a Symbol's name use network.name(symbol)" if isinstance(name, Symbol) else ""
+            raise SymbolError(f"named takes a name (a str), got {type(name).__name__} {name!r}{fix}")
         index = self._by_name.get(name)
         if index is None:
             raise SymbolError(f"no parameter or input is named {name!r}; {_known_names(self)}")

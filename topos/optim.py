@@ -94,6 +94,7 @@ class Optimizer:
     """
 
     buffers: tuple[str, ...] = ()  # per-parameter state, named like PyTorch's
+    _lr: float
     counts_steps: ClassVar[bool] = False
 
     def __init__(self, lr: float, weight_decay: float = 0.0, decay: Callable[[str], bool] | None = None, *,
@@ -110,9 +111,26 @@ class Optimizer:
             raise ArgumentError(
                 f"{owner}: prefix must be a non-empty name without whitespace (e.g. 'optim'), got {prefix!r}"
             )
+        self._rates: dict = {}
         self.lr, self.weight_decay, self.prefix = lr, weight_decay, prefix
         self._decay = decay or (lambda name: True)
-        self._rates: dict = {}
+
+    @property
+    def lr(self) -> float:
+        """The learning rate: the host step's, and the recorded rate input's default."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        owner = type(self).__name__
+        if self._rates:  # a compiled step would keep the recorded default and the host reading move on
+            names = [self._group_name("lr", d, list(self._rates)) for d in self._rates]
+            raise ArgumentError(
+                f"{owner}.lr: this optimizer's step is recorded, and its rate is the input "
+                f"{', '.join(map(repr, names))}; changing lr now would leave the recorded step at {self._lr:g}. "
+                f"Feed the rate per step instead, {{{names[0]!r}: {value!r}}}, or pass step(..., lr=) on the host"
+            )
+        self._lr = _rate(owner, value)
 
     # -- the rule, written once ----------------------------------------------------------
     def prepare(self, rate, step):
@@ -246,7 +264,8 @@ class Optimizer:
         """The Symbol of the rate input :meth:`record` made (feed it to change the rate per step)."""
         if len(self._rates) != 1:
             raise SymbolError(
-                "record() has not run yet" if not self._rates else
+                "record() has not run yet: call optimizer.record(adjoints) inside the recording first"
+                if not self._rates else
                 f"this optimizer has one rate input per element type: {self.prefix}.lr.<type>; feed them by name"
             )
         return next(iter(self._rates.values()))

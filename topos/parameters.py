@@ -9,7 +9,8 @@ replaced, saved and moved to another recording by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -28,6 +29,8 @@ class Parameters:
     """An immutable slot table: ``parameters[symbol]`` is that parameter's array."""
 
     __slots__ = ("_family", "_symbols", "_arrays", "_position", "_names", "_state")
+    # NumPy would read a table as a sequence of Symbols (np.float64(0.1) * table): let it defer to __rmul__.
+    __array_ufunc__ = None
     _family: Family
     _symbols: tuple[Symbol, ...]
     _arrays: tuple[np.ndarray, ...]
@@ -78,6 +81,7 @@ class Parameters:
         return own(self._arrays[self._slot(symbol)])
 
     def __contains__(self, symbol) -> bool:
+        symbol = getattr(symbol, "symbol", symbol)  # a recorded Value (model.weight) stands for its Symbol
         if isinstance(symbol, str):
             return symbol in self._names
         return (
@@ -123,6 +127,10 @@ class Parameters:
         return self._symbols[self._slot(symbol)].index not in self._state
 
     def _slot(self, symbol: Symbol | str) -> int:
+        symbol = getattr(symbol, "symbol", symbol)  # a recorded Value (model.weight) stands for its Symbol
+        if isinstance(symbol, (int, np.integer, slice)) and not isinstance(symbol, bool):
+            raise SymbolError(f"a table is indexed by Symbol or by name, not by position ({symbol!r}); use "
+                              "table[table.names()[0]], or table.arrays()[0] for the first array")
         shown = ", ".join(self._names[:12]) + (", ..." if len(self._names) > 12 else "")
         if isinstance(symbol, str):
             try:
@@ -189,6 +197,8 @@ class Parameters:
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> Parameters:
         """A new table with ``fn`` applied to (a copy of) every slot."""
+        if not callable(fn):
+            raise ArgumentError(f"map takes a function of one slot's array, got {type(fn).__name__} {fn!r}")
         return self._rebuilt([fn(own(a)) for a in self._arrays])
 
     def zip(self, *tables_then_fn) -> Parameters:
@@ -216,7 +226,12 @@ class Parameters:
         return self.zip(direction, rule)
 
     def __add__(self, other: Parameters) -> Parameters:
-        return self.zip(other, lambda a, b: a + b)
+        return self.zip(_table(other, "+"), lambda a, b: a + b)
+
+    __radd__ = __add__  # reached only with a non-table on the left (1.0 + table): refused with the fix
+
+    def __neg__(self) -> Parameters:
+        return self.map(lambda a: -a)
 
     def __mul__(self, scalar) -> Parameters:
         if isinstance(scalar, Parameters):
@@ -227,10 +242,15 @@ class Parameters:
     __rmul__ = __mul__
 
     def __sub__(self, other: Parameters) -> Parameters:
-        return self.zip(other, lambda a, b: a - b)
+        return self.zip(_table(other, "-"), lambda a, b: a - b)
+
+    def __rsub__(self, other) -> Parameters:
+        return _table(other, "-") - self
 
     def __truediv__(self, scalar) -> Parameters:
         number = _number(scalar, "/")
+        if number == 0:
+            raise ArgumentError("Parameters / 0 would fill every slot with inf or nan; divide by a non-zero number")
         return self.map(lambda a: a / number)
 
     def with_payloads(self, pairs) -> Parameters:
@@ -241,13 +261,29 @@ class Parameters:
         bfloat16 slot); an integer array, or a value the slot's type cannot
         hold (``1e300`` into float32), is refused with a FeedError.
         """
-        replaced = list(self._arrays)
-        for symbol, array in dict(pairs).items():
-            replaced[self._slot(symbol)] = array
+        if isinstance(pairs, Parameters) or not isinstance(pairs, (Mapping, list, tuple)):
+            fix = ("to take slots by name from another table, use network.parameters(table)"
+                   if isinstance(pairs, Parameters) else "e.g. {weight: array} or {'fc1.weight': array}")
+            raise ArgumentError(f"with_payloads takes a mapping of Symbol or name to array (or a list of such "
+                                f"pairs), got {type(pairs).__name__}; {fix}")
+        items = list(pairs.items()) if isinstance(pairs, Mapping) else list(pairs)
+        if not all(isinstance(pair, tuple) and len(pair) == 2 for pair in items):
+            raise ArgumentError("with_payloads takes (Symbol or name, array) pairs; wrap one pair in a list: "
+                                "with_payloads([(weight, array)])")
+        replaced, given = list(self._arrays), dict[int, object]()
+        for symbol, array in items:
+            slot = self._slot(symbol)
+            if slot in given:
+                raise FeedError(f"with_payloads names slot {self._names[slot]} twice ({given[slot]!r} and "
+                                f"{symbol!r}); give it once")
+            given[slot] = symbol
+            replaced[slot] = array
         return self._rebuilt(replaced)
 
     def carried(self, network) -> Parameters:
         """This state carried onto a reopened, longer network: new slots take their initials."""
+        if not hasattr(network, "parameters") or not hasattr(network, "family"):
+            raise ArgumentError(f"carried takes the reopened Network, got {type(network).__name__}")
         fresh = network.parameters()
         if fresh._family is not self._family:
             raise SymbolError("carried: the network belongs to another tape family")
@@ -275,12 +311,35 @@ def _number(scalar, operator: str):
             f"Parameters {operator} takes a number{' or a table over the same slots' if operator == '*' else ''}, got "
             f"{type(scalar).__name__} {scalar!r}; use .map(fn) or .zip(other, fn) for anything else"
         )
+    if not np.isfinite(array.astype(np.float64)):
+        raise ArgumentError(f"Parameters {operator} {scalar!r} would fill every slot with inf or nan; "
+                            "pass a finite number")
     return scalar
+
+
+def _table(other, operator: str) -> Parameters:
+    """The other side of ``table + other`` or ``table - other``: a table, else an ArgumentError with the fix."""
+    if not isinstance(other, Parameters):
+        raise ArgumentError(
+            f"Parameters {operator} takes a table over the same slots, got {type(other).__name__} {other!r}; "
+            f"for a number on every slot use table.map(lambda a: a {operator} number)"
+        )
+    return other
 
 
 def by_names(table: Parameters, source, strict: bool) -> Parameters:
     """``table`` with every slot taken by name from ``source`` (a Parameters table or a mapping)."""
+    if not isinstance(source, (Parameters, Mapping)):
+        fix = ("for a file, use topos.checkpoint.load(path, network)" if isinstance(source, (str, os.PathLike))
+               else "pass a Parameters table or a mapping of slot name to array")
+        raise ArgumentError(f"network.parameters(source) takes a Parameters table or a mapping of name to "
+                            f"array, got {type(source).__name__}; {fix}")
     named = dict(zip(source._names, source._arrays)) if isinstance(source, Parameters) else dict(source)
+    keyed_by_symbol = [k for k in named if not isinstance(k, str)]
+    if keyed_by_symbol:
+        raise ArgumentError(f"network.parameters(source) takes slots by name, but the source is keyed by "
+                            f"{type(keyed_by_symbol[0]).__name__} ({keyed_by_symbol[0]!r}); pass table.named(), "
+                            "or the Parameters table itself")
     missing, mismatched, arrays = [], [], []
     for name, initial in zip(table._names, table._arrays):
         if name not in named:

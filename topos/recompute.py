@@ -39,7 +39,7 @@ import numpy as np
 
 from .copies import own
 from .differentiate import varying
-from .errors import DifferentiationError
+from .errors import ArgumentError, DifferentiationError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .opcodes import OUTPUT
 from .parameters import Parameters
@@ -141,7 +141,8 @@ def _segments(steps: list[int], segment: int | None) -> list[list[int]]:
     if segment is None:
         segment = max(1, math.isqrt(len(steps)))
     if not isinstance(segment, int) or isinstance(segment, bool) or segment < 1:
-        raise ValueError(f"segment must be a positive number of nodes, got {segment!r}")
+        raise ArgumentError(f"segment must be a positive number of nodes (an int), got {segment!r}; "
+                            "leave it out for about the square root of the node count")
     return [steps[k : k + segment] for k in range(0, len(steps), segment)]
 
 

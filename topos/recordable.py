@@ -579,11 +579,19 @@ def _spec(x) -> str:
 
 
 class Eager(Recordable):
-    """An array payload: expressing an opcode runs its reference kernel."""
+    """An array payload: expressing an opcode runs its reference kernel.
+
+    It is held to the tape's shape rules (``Opcode.checked``): operands a
+    recording would refuse (two shapes, two element types) are refused
+    here too, so an expression that runs eagerly also records.
+    """
 
     __slots__ = ("array", "dtype")
 
-    def __init__(self, array: np.ndarray, dtype=None):
+    def __init__(self, array, dtype=None):
+        if not isinstance(array, np.ndarray) or array.flags.writeable:
+            array = np.array(array)  # a list, a number or the caller's writable array: our own frozen copy
+            array.flags.writeable = False
         self.array = array
         self.dtype = array.dtype if dtype is None else dtype
 
@@ -592,7 +600,13 @@ class Eager(Recordable):
         return self.array.shape
 
     def _express(self, opcode, operands, attributes):
-        arrays = [o.array if isinstance(o, Eager) else o for o in operands]
+        from .opcodes import Spec
+        from .provenance import user_site
+
+        specs = [Spec(o.shape, o.dtype) for o in operands]
+        if not any(isinstance(s.dtype, np.dtype) and s.dtype.kind in "iu" for s in specs):
+            opcode.checked(user_site(), specs, attributes)  # raw indices (opcode.vjp on arrays) carry no extent
+        arrays = [o.array for o in operands]
         with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
             out = np.asarray(direct_kernel(opcode, attributes)(*arrays))
         out.flags.writeable = False

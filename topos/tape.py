@@ -16,7 +16,7 @@ import numpy as np
 from .copies import is_splat, splat, splat_element
 from .element import Selection, SelectionType, is_element, short_name
 from .errors import DifferentiationError, RecordingError, SealedError, ShapeError, SymbolError
-from .opcodes import Opcode, Refusal, Spec, by_name
+from .opcodes import Opcode, Spec, by_name
 from .provenance import Site, user_site
 from .recordable import Recordable
 from .symbol import Family, Symbol
@@ -351,17 +351,7 @@ class Tape:
                 f"{site}: {opcode.name}: attributes {sorted(attributes)} given, "
                 f"expected exactly {list(opcode.attribute_names)}"
             )
-        specs = [self._specs[i] for i in indices]
-        try:
-            spec = opcode.infer(*specs, **dict(ordered))
-        except Refusal as refusal:
-            shapes = ", ".join(str(s) for s in specs)
-            message = f"{site}: {opcode.name}: {refusal.detail} (operands: {shapes})"
-            if refusal.hint:
-                message += f"\n  hint: {refusal.hint}"
-            raise ShapeError(message) from None
-        if any(d < 1 for d in spec.shape):
-            raise ShapeError(f"{site}: {opcode.name}: result shape {list(spec.shape)} is empty")
+        spec = opcode.checked(site, [self._specs[i] for i in indices], dict(ordered))
         return self._push(opcode, tuple(indices), ordered, spec, site, None)
 
     def _push(self, opcode, operands, attributes, spec, site, payload) -> Value:
@@ -378,10 +368,11 @@ class Tape:
 
 def check_name(name) -> str:
     """Refuse a source name that could not travel through describe, MLIR locations and checkpoints."""
-    if not isinstance(name, str) or not name or name.startswith("%") or any(c.isspace() for c in name):
+    if (not isinstance(name, str) or not name or name.startswith("%")
+            or any(c.isspace() or not c.isprintable() for c in name)):  # a control character breaks every printout
         raise SymbolError(
             f"{user_site()}: {name!r} is not a valid name; names are non-empty strings without "
-            "whitespace that do not start with '%' (for example 'blocks.0.attn.qkv.weight')"
+            "whitespace or control characters that do not start with '%' (for example 'blocks.0.attn.qkv.weight')"
         )
     return name
 

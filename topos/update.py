@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .element import convert
-from .errors import DifferentiationError
+from .errors import ArgumentError, DifferentiationError, SymbolError
 
 
 class Updates:
@@ -59,7 +59,24 @@ class Updates:
         This is the host side of a training step over an oracle run or a
         plan's run; ``compiled.step`` does the same on the device.
         """
-        return parameters.with_payloads({getattr(p, "symbol", p): run[getattr(n, "symbol", n)] for p, n in self._pairs})
+        if not hasattr(parameters, "with_payloads"):
+            fix = ("device state is stepped where it lives: compiled.step(state, feeds, updates)"
+                   if hasattr(parameters, "to_host") else "pass the table the run read (network.parameters())")
+            raise ArgumentError(f"apply takes the host Parameters table to update, got "
+                                f"{type(parameters).__name__}; {fix}")
+        if not hasattr(run, "__getitem__"):
+            raise ArgumentError(f"apply takes the run that computed the next values (oracle, plan or compiled), "
+                                f"got {type(run).__name__}")
+        nexts = {}
+        for p, n in self._pairs:
+            p, n = getattr(p, "symbol", p), getattr(n, "symbol", n)
+            try:
+                nexts[p] = run[n]
+            except (KeyError, SymbolError) as error:
+                reason = f" ({error.bare or error})" if isinstance(error, SymbolError) else ""
+                raise SymbolError(f"apply: the run has no value for {n!r}, the next value of {p!r}{reason}; "
+                                  "run an entry over updates.roots(loss)") from None
+        return parameters.with_payloads(nexts)
 
     def detach(self) -> Updates:
         from .tape import detach

@@ -100,6 +100,28 @@ def test_training_step_keeps_parameters_on_the_device_until_to_host():
         state.device(step.loss)
 
 
+def test_forward_reads_device_state_where_it_lives():
+    """An evaluation between steps runs on the resident arrays: the same bits as a run on their host copy."""
+    step = mlp_step()
+    compiled = step.entry().lower().compile("llvm-cpu")
+    evaluation = step.network.entry([step.loss]).lower().compile("llvm-cpu")
+    state = compiled.resident(step.network.parameters())
+    for k in range(3):
+        state, _ = compiled.step(state, batch_feeds(step, k), step.updates)
+    feeds = batch_feeds(step, 9)
+    host = state.to_host()
+    for plan in (compiled, evaluation):
+        on_device = plan.forward(state, feeds)[step.loss]
+        assert np.array_equal(on_device, plan.forward(host, feeds)[step.loss]), plan
+    assert not np.array_equal(host[step.network.parameter_symbols()[0]],
+                              step.network.parameters()[step.network.parameter_symbols()[0]])
+    again, _ = compiled.step(state, feeds, step.updates)  # the state a forward read is still the step's to take
+    assert np.array_equal(again.to_host()[step.network.parameter_symbols()[0]],
+                          compiled.step(compiled.resident(host), feeds, step.updates)[0].to_host()[
+                              step.network.parameter_symbols()[0]])
+
+
+
 @pytest.mark.parametrize("dtype", ELEMENT_PARAMETERS)
 def test_compiled_training_steps_match_oracle_steps(dtype):
     """N steps of compiled.step against N of network.forward + run.backward + SGD in NumPy."""

@@ -391,6 +391,12 @@ class JaxFunction:
         positions = self._update_positions(updates)
 
         def step(parameters: tuple, inputs: tuple) -> tuple[tuple, tuple]:
+            if not (isinstance(parameters, (tuple, list)) and isinstance(inputs, (tuple, list))):
+                raise ArgumentError(  # a table or a feed dict would be iterated into Symbols and names
+                    f"{user_site()}: the training step takes (parameters, inputs) as tuples of arrays, got "
+                    f"{type(parameters).__name__} and {type(inputs).__name__}; make them with "
+                    "function.parameter_arrays(table) and function.input_arrays(feeds)"
+                )
             results = self(*parameters, *inputs)
             following = list(parameters)
             for slot, position in positions:
@@ -456,6 +462,9 @@ class JaxFunction:
         """
         jax = _jax()
         arguments = list(self.parameter_arrays(parameters) + self.input_arrays(feeds))
+        if shardings is not None and not isinstance(shardings, Mapping):
+            raise ArgumentError(f"{user_site()}: shardings maps argument Symbols or names to jax Shardings "
+                                f"(a dict), got {type(shardings).__name__}")
         for symbol, sharding in (shardings or {}).items():
             if isinstance(symbol, str):
                 symbol = self.network.named(symbol)
@@ -464,7 +473,16 @@ class JaxFunction:
             if slot is None:
                 raise SymbolError(f"{user_site()}: {symbol!r} is not an argument of this plan (a parameter or "
                                   "input it reads)")
-            arguments[slot] = jax.device_put(arguments[slot], sharding)
+            try:
+                arguments[slot] = jax.device_put(arguments[slot], sharding)
+            except (ValueError, TypeError) as error:  # not a Sharding, or one that does not fit the shape
+                spec = self.network.node(symbol)
+                raise FeedError(
+                    f"{user_site()}: the sharding of {self.network._names.get(i, f'%{i}')} "
+                    f"({list(spec.shape)} {spec.dtype}) does not "
+                    f"fit it: {str(error).splitlines()[0]}; give a jax Sharding whose partitioned axes divide "
+                    "the shape (NamedSharding(mesh, PartitionSpec('batch')) for rows)"
+                ) from None
         if self._jitted is None:
             self._jitted = jax.jit(self.__call__)
         try:

@@ -125,8 +125,17 @@ class Module:
                 f"{user_site()}: {key!r} was built on another recording; build every module of a "
                 "model inside the same recording"
             )
+        ancestor: Module | None = self
+        while ancestor is not None:
+            if ancestor is child:  # a loop in the tree: every walk of it (paths, repr, parameters) never ends
+                raise RecordingError(
+                    f"{user_site()}: {type(self).__name__}.{key}: assigning {type(child).__name__} would make a "
+                    "module its own descendant; keep back-references out of the module tree (store them in a "
+                    "plain dict, or pass them to forward)"
+                )
+            ancestor = ancestor._parent
         self._children[key] = child
-        if child._parent is None and child is not self:  # a module shared by two parents keeps its first path
+        if child._parent is None:  # a module shared by two parents keeps its first path
             object.__setattr__(child, "_parent", self)
             object.__setattr__(child, "_key", key)
             child._rename()
@@ -270,6 +279,21 @@ class Module:
             f"{type(self).__name__} defines no forward(); define forward(self, ...) to say what calling it records"
         )
 
+    def eval(self):
+        """Refused with the fix: a topos module has no mode; the reading is chosen where it is recorded."""
+        raise ArgumentError(
+            f"{user_site()}: {self._label()}.eval() would set a mode, but a topos "
+            "module has none: the graph records one reading per call. Record the evaluation graph inside "
+            "`with nn.inference():` (or call the layer with training=False) as its own entry"
+        )
+
+    def train(self, mode: bool = True):
+        """Refused with the fix, as ``eval`` is."""
+        raise ArgumentError(
+            f"{user_site()}: {self._label()}.train() would set a mode, but a topos module has none: a call "
+            "records the training reading unless it is inside `with nn.inference():` or given training=False"
+        )
+
     # -- checks facades share --------------------------------------------------------------
     def check_input(self, x, features: int | None, axis: int = -1, rank: tuple[int, ...] | None = None,
                     what: str = "features", dtype=None) -> None:
@@ -310,9 +334,12 @@ class Module:
         lines = [f"{type(self).__name__}({self.extra_repr()}"]
         if self._children:
             lines[0] = lines[0].rstrip("(") + "("
-            for key, child in self._children.items():
-                inner = repr(child).replace("\n", "\n  ")
-                lines.append(f"  ({key}): {inner}")
+            for keys, inner in _runs(self._children):
+                inner = inner.replace("\n", "\n  ")
+                if len(keys) == 1:
+                    lines.append(f"  ({keys[0]}): {inner}")
+                else:  # a stack of like blocks prints once (GPT-2's twelve), as PyTorch's ModuleList does
+                    lines.append(f"  ({keys[0]}-{keys[-1]}): {len(keys)} x {inner}")
             lines.append(")")
             return "\n".join(lines)
         return lines[0] + ")"
@@ -321,6 +348,20 @@ class Module:
         from topos.display import module_card  # the Jupyter card, loaded only when a notebook asks
 
         return module_card(self)
+
+
+def _runs(children: dict) -> list[tuple[list[str], str]]:
+    """Children as (keys, repr) runs: consecutive positional children with the same repr share one run."""
+    runs: list[tuple[list[str], str]] = []
+    for key, child in children.items():
+        text = repr(child)
+        last = runs[-1] if runs else None
+        if (last is not None and key.isdigit() and last[0][-1].isdigit()
+                and int(last[0][-1]) + 1 == int(key) and last[1] == text):
+            last[0].append(key)
+        else:
+            runs.append(([key], text))
+    return runs
 
 
 _readings = threading.local()
@@ -345,6 +386,12 @@ def inference():
 def training_reading(training: bool | None = None) -> bool:
     """The reading a layer records: ``training`` when given, else training unless inside ``inference()``."""
     if training is not None:
+        if not isinstance(training, (bool, np.bool_)):  # "False" and a recorded Value would both read as True
+            raise ArgumentError(
+                f"{user_site()}: training= takes True or False (or None for the scope's reading), got "
+                f"{type(training).__name__} {training!r}; the reading is chosen when the graph is recorded, "
+                "so record both readings (training=True, and training=False or nn.inference()) for two entries"
+            )
         return bool(training)
     return getattr(_readings, "depth", 0) == 0
 
@@ -371,6 +418,12 @@ class ModuleList(Module):
                 "build it as a Module (nn.Linear(...), or a subclass of nn.Module) first"
             )
         setattr(self, str(len(self._children)), module)
+        return self
+
+    def extend(self, modules) -> ModuleList:
+        """Append each module of ``modules`` in order, named by its position."""
+        for module in modules:
+            self.append(module)
         return self
 
     def __len__(self) -> int:

@@ -62,6 +62,21 @@ class Opcode:
         """The shape rule: the output spec, or a Refusal naming the mismatch."""
         raise NotImplementedError
 
+    def checked(self, site, specs, attributes: dict) -> Spec:
+        """``infer``'s spec, or a ShapeError at ``site`` naming the operands: what every payload is held to."""
+        from ..errors import ShapeError  # the errors module imports nothing of ours; kept local to stay so
+
+        try:
+            spec = self.infer(*specs, **attributes)
+        except Refusal as refusal:
+            message = f"{site}: {self.name}: {refusal.detail} (operands: {', '.join(str(s) for s in specs)})"
+            if refusal.hint:
+                message += f"\n  hint: {refusal.hint}"
+            raise ShapeError(message) from None
+        if any(d < 1 for d in spec.shape):
+            raise ShapeError(f"{site}: {self.name}: result shape {list(spec.shape)} is empty")
+        return spec
+
     def kernel(self, *arrays: np.ndarray, **attributes) -> np.ndarray:
         """The reference kernel: the oracle's bits for this opcode."""
         raise NotImplementedError
