@@ -939,6 +939,7 @@ class CompiledPlan:
             )
         network = self.plan.network
         position = {n: k for k, n in enumerate(self.results)}
+        updates.check_carries_state(network)
         checked = []
         for parameter, new in updates.pairs():
             parameter, new = getattr(parameter, "symbol", parameter), getattr(new, "symbol", new)
@@ -1459,6 +1460,11 @@ class CompiledRun:
         self._compiled = compiled
         self._outputs = outputs
         self._host: dict[int, np.ndarray] | None = None  # host views of results, kept private; made on first read
+
+    @property
+    def network(self):
+        """The network whose compiled plan made this run."""
+        return self._compiled.plan.network
 
     def __repr__(self) -> str:
         return f"<CompiledRun on {self._compiled.target.name}: {len(self._outputs)} results>"

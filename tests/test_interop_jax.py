@@ -248,6 +248,22 @@ def test_a_training_step_handed_a_table_or_a_feed_dict_says_which_tuples_it_take
     assert len(step(*arrays)[0]) == len(function.parameters)
 
 
+def test_a_training_step_that_drops_the_running_statistics_is_refused():
+    from topos import nn, optim
+
+    def record(tape):
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm(4), nn.Linear(4, 2))
+        loss = model(tape.input(np.ones((8, 3), np.float32), name="x")).sum()
+        only = optim.SGD(lr=0.1).record(tape.differentiate(loss, model.parameters()))
+        return loss, only, only + model.state_updates()
+
+    network, (loss, only, both) = Tape.record(record)
+    function = xla.to_jax(network.entry(both.roots(loss)).lower())
+    with pytest.raises(FeedError, match=r"leave out the state slots 1.running_mean, 1.running_var"):
+        function.training_step(only)
+    assert function.training_step(both)
+
+
 def test_fori_loop_of_the_training_step_matches_the_oracle_loop():
     w, function = _sgd_mlp()
     step = function.training_step(w.updates)

@@ -479,6 +479,48 @@ def test_batch_norm_readings_and_running_statistics_match_pytorch():
     assert not network.node(updates.pairs()[0][0]).trainable
 
 
+def test_a_step_that_drops_the_running_statistics_is_refused_on_every_reading():
+    """Updates without model.state_updates() would leave BatchNorm's statistics at their initials forever."""
+    def record(tape):
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm(4), nn.Tanh(), nn.Linear(4, 2))
+        loss = model(tape.input(np.ones((8, 3), F32), name="x")).sum()
+        only = topos.optim.SGD(lr=0.1).record(tape.differentiate(loss, model.parameters()))
+        return loss, only, only + model.state_updates()
+
+    network, (loss, only, both) = Tape.record(record)
+    table = network.parameters()
+    entry = network.entry(both.roots(loss))
+    run = entry.interpret(table, {})
+    after = both.apply(table, run)
+    assert not np.array_equal(after["1.running_mean"], table["1.running_mean"])
+    dropped = r"leave out the state slots 1.running_mean, 1.running_var.*\+ model.state_updates\(\)"
+    with pytest.raises(topos.FeedError, match=dropped):
+        only.apply(table, run)
+    with pytest.raises(topos.FeedError, match=dropped):
+        topos.Updates(()).apply(table, run)
+    pytest.importorskip("iree.compiler")
+    compiled = entry.lower().compile("llvm-cpu")
+    state = compiled.resident(table)
+    with pytest.raises(topos.FeedError, match=dropped):
+        compiled.step(state, {}, only)
+    state, _ = compiled.step(state, {}, both)
+    np.testing.assert_allclose(state.to_host()["1.running_mean"], after["1.running_mean"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_inference_reading_records_no_next_statistics_so_optimizer_updates_suffice():
+    def record(tape):
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm(4), nn.Linear(4, 2))
+        with nn.inference():
+            loss = model(tape.input(np.ones((8, 3), F32), name="x")).sum()
+        trainable = [p for p in model.parameters() if p.trainable]
+        return loss, topos.optim.SGD(lr=0.1).record(tape.differentiate(loss, trainable))
+
+    network, (loss, updates) = Tape.record(record)
+    table = network.parameters()
+    after = updates.apply(table, network.entry(updates.roots(loss)).interpret(table, {}))
+    assert np.array_equal(after["1.running_mean"], table["1.running_mean"])
+
+
 def test_inference_block_makes_a_whole_sequential_read_running_statistics():
     x = np.random.default_rng(1).standard_normal((5, 3))
     seen = {}

@@ -72,7 +72,7 @@ class Network:
 
     __slots__ = (
         "_family", "_opcodes", "_operands", "_attributes", "_specs", "_sites", "_payloads",
-        "_names", "_state", "_required", "_slots", "_inputs", "_consumers", "_by_name", "_leaf_digests",
+        "_names", "_state", "_required", "_nexts", "_slots", "_inputs", "_consumers", "_by_name", "_leaf_digests",
     )
     _family: Family
     _opcodes: tuple[Opcode, ...]
@@ -84,6 +84,7 @@ class Network:
     _names: Mapping[int, str]
     _state: frozenset[int]
     _required: frozenset[int]
+    _nexts: Mapping[int, int]  # state slot -> its recorded next value (tape.state_next)
     _slots: tuple[int, ...]
     _inputs: tuple[int, ...]
     _consumers: tuple[tuple[int, ...], ...] | None
@@ -107,6 +108,7 @@ class Network:
         set_(self, "_names", MappingProxyType(dict(tape._names)))
         set_(self, "_state", frozenset(tape._state))
         set_(self, "_required", frozenset(tape._required))
+        set_(self, "_nexts", MappingProxyType(dict(tape._nexts)))
         set_(self, "_by_name", MappingProxyType({n: i for i, n in tape._names.items()}))
         names = [op.name for op in self._opcodes]
         set_(self, "_slots", tuple(i for i, n in enumerate(names) if n == "parameter"))
@@ -325,6 +327,7 @@ class Network:
         tape._names = dict(self._names)
         tape._state = set(self._state)
         tape._required = set(self._required)
+        tape._nexts = dict(self._nexts)
         tape._frozen_below = len(self)
         return tape
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .opcodes import by_name
+from .opcodes import Spec, by_name
 
 _OP = by_name  # readability: _OP("add")
 
@@ -600,12 +600,9 @@ class Eager(Recordable):
         return self.array.shape
 
     def _express(self, opcode, operands, attributes):
-        from .opcodes import Spec
-        from .provenance import user_site
-
         specs = [Spec(o.shape, o.dtype) for o in operands]
         if not any(isinstance(s.dtype, np.dtype) and s.dtype.kind in "iu" for s in specs):
-            opcode.checked(user_site(), specs, attributes)  # raw indices (opcode.vjp on arrays) carry no extent
+            opcode.checked(specs, attributes)  # raw indices (opcode.vjp on arrays) carry no extent to check
         arrays = [o.array for o in operands]
         with np.errstate(all="ignore"):  # IEEE inf/nan results are semantics, not accidents
             out = np.asarray(direct_kernel(opcode, attributes)(*arrays))

@@ -115,10 +115,12 @@ class Tape:
         self._payloads: dict[int, np.ndarray] = {}
         # Source metadata beside the columns: a name per named source, the
         # parameter slots that are state (never differentiated), the inputs
-        # that must be fed.
+        # that must be fed, and the recorded next value of each state slot
+        # a training reading advances (so a step that drops it is refused).
         self._names: dict[int, str] = {}
         self._state: set[int] = set()
         self._required: set[int] = set()
+        self._nexts: dict[int, int] = {}
         self._seed = seed
         self._generator = None
         self._frozen_below = 0  # nodes of the network this tape reopened: their names are history
@@ -245,6 +247,21 @@ class Tape:
         self._names[index] = name
         return Value(self, index)
 
+
+    def state_next(self, state, new) -> None:
+        """Note that ``new`` is the next value of the state slot ``state`` (a running statistic, say).
+
+        A training step whose Updates leave that slot out is refused
+        (``compiled.step``, ``Updates.apply``, ``training_step``): the
+        value is computed, so dropping it is a mistake, not a choice.
+        """
+        self._check_open()
+        slot, value = (v._index if isinstance(v, Value) and v._tape is self else self.resolve(v)._index
+                       for v in (state, new))
+        if slot not in self._state:
+            raise SymbolError(f"{user_site()}: state_next takes a state slot (tape.parameter(..., trainable=False)); "
+                              f"%{slot} is not one")
+        self._nexts[slot] = value
     def resolve(self, symbol: Symbol) -> Value:
         """The Value of ``symbol`` on this tape (for example after ``network.reopen()``)."""
         self._check_open()
@@ -351,7 +368,7 @@ class Tape:
                 f"{site}: {opcode.name}: attributes {sorted(attributes)} given, "
                 f"expected exactly {list(opcode.attribute_names)}"
             )
-        spec = opcode.checked(site, [self._specs[i] for i in indices], dict(ordered))
+        spec = opcode.checked([self._specs[i] for i in indices], dict(ordered), site)
         return self._push(opcode, tuple(indices), ordered, spec, site, None)
 
     def _push(self, opcode, operands, attributes, spec, site, payload) -> Value:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .element import convert
-from .errors import ArgumentError, DifferentiationError, SymbolError
+from .errors import ArgumentError, DifferentiationError, FeedError, SymbolError
 
 
 class Updates:
@@ -67,6 +67,9 @@ class Updates:
         if not hasattr(run, "__getitem__"):
             raise ArgumentError(f"apply takes the run that computed the next values (oracle, plan or compiled), "
                                 f"got {type(run).__name__}")
+        network = getattr(run, "network", None)
+        if network is not None and hasattr(network, "_nexts"):  # a run of a Network (every run topos makes)
+            self.check_carries_state(network)
         nexts = {}
         for p, n in self._pairs:
             p, n = getattr(p, "symbol", p), getattr(n, "symbol", n)
@@ -77,6 +80,28 @@ class Updates:
                 raise SymbolError(f"apply: the run has no value for {n!r}, the next value of {p!r}{reason}; "
                                   "run an entry over updates.roots(loss)") from None
         return parameters.with_payloads(nexts)
+
+    def check_carries_state(self, network) -> None:
+        """Refuse Updates that leave out a state slot whose next value the recording computed.
+
+        A training reading (BatchNorm's) records its statistics' next values
+        (``tape.state_next``); a step over Updates without them would keep
+        the initial statistics forever, without a word.
+        """
+        slots = [getattr(p, "symbol", p) for p, _ in self._pairs]
+        if any(getattr(slot, "family", None) is not network.family for slot in slots):
+            return  # Updates of another network: the caller refuses them by the pair
+        covered = {slot.index for slot in slots}
+        dropped = [network._names.get(i, f"%{i}") for i in network._nexts if i not in covered]
+        if dropped:
+            many = len(dropped) > 1
+            raise FeedError(
+                f"these Updates leave out the state slot{'s' if many else ''} {', '.join(dropped)}, whose next "
+                f"value{'s' if many else ''} the recording computed (a training reading, such as BatchNorm's), "
+                f"so {'they' if many else 'it'} would never change; join them: optimizer.record(adjoints) + "
+                "model.state_updates() (or record the layer's inference reading, training=False, to keep "
+                f"{'them' if many else 'it'} fixed)"
+            )
 
     def detach(self) -> Updates:
         from .tape import detach

@@ -412,6 +412,7 @@ class JaxFunction:
             raise FeedError(f"{user_site()}: training_step takes the Updates that topos.sgd(...) or an "
                             f"optimizer's record(...) returned, got {type(updates).__name__}")
         slots = {s.index: k for k, s in enumerate(self.parameters)}
+        updates.check_carries_state(self.network)
         pairs = []
         for parameter, new in updates.pairs():
             parameter, new = getattr(parameter, "symbol", parameter), getattr(new, "symbol", new)
@@ -501,6 +502,11 @@ class JaxRun(Mapping):
     def __init__(self, function: JaxFunction, outputs: Sequence):
         self._function = function
         self._outputs = tuple(outputs)
+
+    @property
+    def network(self):
+        """The network whose plan made this run."""
+        return self._function.network
 
     def _index(self, symbol) -> int:
         i = self._function.network.check(symbol)

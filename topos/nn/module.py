@@ -149,6 +149,7 @@ class Module:
     def record_update(self, buffer: Value, new: Value) -> None:
         """Note that this reading computed ``new``, the next value of the state slot ``buffer``."""
         self._updates.append((buffer, new))
+        self._tape.state_next(buffer, new)  # a step whose Updates drop it is then refused
 
     def _rename(self) -> None:
         for table in (self._parameters, self._buffers, self._inputs):

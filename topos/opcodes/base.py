@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..element import SelectionType, is_element, short_name
+from ..errors import ShapeError
 
 
 class Refusal(Exception):
@@ -62,19 +63,23 @@ class Opcode:
         """The shape rule: the output spec, or a Refusal naming the mismatch."""
         raise NotImplementedError
 
-    def checked(self, site, specs, attributes: dict) -> Spec:
-        """``infer``'s spec, or a ShapeError at ``site`` naming the operands: what every payload is held to."""
-        from ..errors import ShapeError  # the errors module imports nothing of ours; kept local to stay so
+    def checked(self, specs, attributes: dict, site=None) -> Spec:
+        """``infer``'s spec, or a ShapeError naming the operands: what every payload is held to.
 
+        The message starts with ``site`` when given (the tape's, found once
+        per node anyway); otherwise ShapeError finds the user's line itself,
+        so an Eager expression walks the frames only when it fails.
+        """
+        prefix = "" if site is None else f"{site}: "
         try:
             spec = self.infer(*specs, **attributes)
         except Refusal as refusal:
-            message = f"{site}: {self.name}: {refusal.detail} (operands: {', '.join(str(s) for s in specs)})"
+            message = f"{prefix}{self.name}: {refusal.detail} (operands: {', '.join(str(s) for s in specs)})"
             if refusal.hint:
                 message += f"\n  hint: {refusal.hint}"
             raise ShapeError(message) from None
         if any(d < 1 for d in spec.shape):
-            raise ShapeError(f"{site}: {self.name}: result shape {list(spec.shape)} is empty")
+            raise ShapeError(f"{prefix}{self.name}: result shape {list(spec.shape)} is empty")
         return spec
 
     def kernel(self, *arrays: np.ndarray, **attributes) -> np.ndarray:
