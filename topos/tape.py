@@ -234,7 +234,7 @@ class Tape:
         no whitespace and do not start with ``%``.
         """
         self._check_open()
-        index = (value if isinstance(value, Value) and value._tape is self else self.resolve(value))._index
+        index = self._index_of(value)
         kind = self._opcodes[index].name
         if kind not in ("parameter", "input"):
             raise SymbolError(f"{user_site()}: only parameters and inputs take names; %{index} is a {kind}")
@@ -247,6 +247,9 @@ class Tape:
         self._names[index] = name
         return Value(self, index)
 
+    def _index_of(self, value) -> int:
+        """The node of a Value of this tape, or of a Symbol resolved onto it."""
+        return (value if isinstance(value, Value) and value._tape is self else self.resolve(value))._index
 
     def state_next(self, state, new) -> None:
         """Note that ``new`` is the next value of the state slot ``state`` (a running statistic, say).
@@ -256,12 +259,12 @@ class Tape:
         value is computed, so dropping it is a mistake, not a choice.
         """
         self._check_open()
-        slot, value = (v._index if isinstance(v, Value) and v._tape is self else self.resolve(v)._index
-                       for v in (state, new))
+        slot = self._index_of(state)
         if slot not in self._state:
             raise SymbolError(f"{user_site()}: state_next takes a state slot (tape.parameter(..., trainable=False)); "
                               f"%{slot} is not one")
-        self._nexts[slot] = value
+        self._nexts[slot] = self._index_of(new)
+
     def resolve(self, symbol: Symbol) -> Value:
         """The Value of ``symbol`` on this tape (for example after ``network.reopen()``)."""
         self._check_open()

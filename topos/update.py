@@ -14,6 +14,7 @@ import numpy as np
 
 from .element import convert
 from .errors import ArgumentError, DifferentiationError, FeedError, SymbolError
+from .network import source_name
 
 
 class Updates:
@@ -92,7 +93,7 @@ class Updates:
         if any(getattr(slot, "family", None) is not network.family for slot in slots):
             return  # Updates of another network: the caller refuses them by the pair
         covered = {slot.index for slot in slots}
-        dropped = [network._names.get(i, f"%{i}") for i in network._nexts if i not in covered]
+        dropped = [source_name(network, i) for i in network._nexts if i not in covered]
         if dropped:
             many = len(dropped) > 1
             raise FeedError(

@@ -64,6 +64,7 @@ from ..copies import own
 from ..element import SelectionType, check_indices, is_element
 from ..errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
 from ..interpret import bind_feeds, bind_parameters, source_value
+from ..network import source_name
 from ..provenance import Site, _is_internal, user_site
 
 # The conformance target XLA's results are graded under. XLA's CPU client, like IREE's CPU
@@ -479,7 +480,7 @@ class JaxFunction:
             except (ValueError, TypeError) as error:  # not a Sharding, or one that does not fit the shape
                 spec = self.network.node(symbol)
                 raise FeedError(
-                    f"{user_site()}: the sharding of {self.network._names.get(i, f'%{i}')} "
+                    f"{user_site()}: the sharding of {source_name(self.network, i)} "
                     f"({list(spec.shape)} {spec.dtype}) does not "
                     f"fit it: {str(error).splitlines()[0]}; give a jax Sharding whose partitioned axes divide "
                     "the shape (NamedSharding(mesh, PartitionSpec('batch')) for rows)"
