@@ -404,6 +404,8 @@ def test_module_list_positions_and_a_missing_forward_are_explained():
             modules.append(3)
         assert modules.extend([nn.Linear(2, 3), nn.GELU()]) is modules and len(modules) == 4
         assert modules[2].weight.name == "2.weight" and [k for k, _ in modules.named_children()] == ["0", "1", "2", "3"]
+        with pytest.raises(ArgumentError, match=r"ModuleList.extend takes a list of modules, got Linear; .*append"):
+            modules.extend(nn.Linear(2, 2))
 
         class NoForward(nn.Module):
             pass

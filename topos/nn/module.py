@@ -423,6 +423,11 @@ class ModuleList(Module):
 
     def extend(self, modules) -> ModuleList:
         """Append each module of ``modules`` in order, named by its position."""
+        if (isinstance(modules, Module) and not isinstance(modules, ModuleList)) or not hasattr(modules, "__iter__"):
+            raise ArgumentError(
+                f"{user_site()}: {type(self).__name__}.extend takes a list of modules, got "
+                f"{type(modules).__name__}; for one module use append(module)"
+            )
         for module in modules:
             self.append(module)
         return self
