@@ -117,6 +117,24 @@ def test_gradient_descent_steps_reduce_the_loss(recorded):
     assert all(later < earlier for earlier, later in zip(losses, losses[1:]))
 
 
+def test_the_gradient_descent_example_trains_on_the_oracle_and_on_one_compiled_module(tmp_path, monkeypatch, capsys):
+    """examples/gradient_descent.py: three rates on the oracle, then the same three through one module."""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
+    path = Path(__file__).resolve().parents[1] / "examples" / "gradient_descent.py"
+    spec = importlib.util.spec_from_file_location("example_gradient_descent", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    results = example.main([])  # asserts the fit and each compiled run's gap to the oracle itself
+    printed = capsys.readouterr().out
+    assert "compiled for llvm-cpu" in printed and "One module, three states" in printed
+    assert sorted(results) == [0.005, 0.02, 0.05]
+    example.main(["--oracle-only"])
+    assert "compiled for" not in capsys.readouterr().out
+
+
 def test_map_zip_add_and_scalar_multiply_act_per_slot(recorded):
     _, parameters, (w, b, *_) = recorded
     doubled = parameters.map(lambda a: a + a)
