@@ -30,18 +30,21 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
-from topos.dialect.compiled import compile_stablehlo, largest_matmul  # noqa: E402
+from topos.dialect.compiled import CompileError, compile_stablehlo, largest_matmul  # noqa: E402
 from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402
 
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
 from compiled import measure, module_runner  # noqa: E402
 
+# Every tiled variant keeps multi-use fusion off: without it IREE 3.13 cannot compile some tiled
+# steps at all (the makemore transformer's; docs/performance.md, "Multi-use fusion off").
+_FUSION = "--iree-dispatch-creation-fuse-multi-use=false"
 VARIANTS = {
     "untiled": (),
-    "data tiling": ("--iree-opt-data-tiling",),
+    "data tiling": ("--iree-opt-data-tiling", _FUSION),
     "+ ukernels mmt4d,pack (topos)": DATA_TILING_FLAGS,
-    "+ ukernels all": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"),
+    "+ ukernels all": ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all", _FUSION),
 }
 
 
@@ -60,10 +63,17 @@ def main() -> None:
         compiled = model.network.entry(model.roots).lower().compile("llvm-cpu", cache=False, data_tiling=False)
         base = [f for f in compiled.flags if f not in DATA_TILING_FLAGS]
         arguments = compiled._arguments(model.parameters, model.feeds(0))
-        runners, seconds = {}, {}
+        runners, seconds, failed = {}, {}, {}
         for name, extra in VARIANTS.items():
             began = time.perf_counter()
-            vmfb = compile_stablehlo(compiled.stablehlo, [*base, *extra])
+            try:
+                vmfb = compile_stablehlo(compiled.stablehlo, [*base, *extra])
+            except CompileError as error:  # a variant IREE cannot build is a finding, not the end of the run
+                if name == "untiled":  # topos's own flags: a failure there is a bug to see whole
+                    raise
+                failed[name] = next((line.strip() for line in str(error).splitlines()[1:]), str(error))
+                print(f"{key}, {name}: does not compile: {failed[name]}", flush=True)
+                continue
             seconds[name] = time.perf_counter() - began
             runners[name] = module_runner(vmfb, arguments)
         timing = measure(runners, dict.fromkeys(runners, PER_ROUND[key]), args.rounds)
@@ -71,8 +81,10 @@ def main() -> None:
         largest = largest_matmul(compiled.plan)
         chosen = "data tiling" if largest >= DATA_TILING_THRESHOLD else "untiled"
         rows.append([model.name, f"2^{math.log2(largest):.1f}" if largest else "—", chosen] + [
-            f"{timing[name].cpu * 1e3:.3f}" + ("" if name == "untiled" else f" ({timing[name].cpu / untiled:.2f}x)")
-            for name in VARIANTS] + [" / ".join(f"{seconds[name]:.1f}" for name in VARIANTS)])
+            "does not compile" if name in failed else f"{timing[name].cpu * 1e3:.3f}"
+            + ("" if name == "untiled" else f" ({timing[name].cpu / untiled:.2f}x)")
+            for name in VARIANTS] + [" / ".join(f"{seconds[name]:.1f}" if name in seconds else "—"
+                                                for name in VARIANTS)])
         print(f"{key}: done", flush=True)
         del runners, compiled
     print("\nmodule alone, arguments on the device: median CPU ms per call (ratio to untiled; below 1: faster)\n")

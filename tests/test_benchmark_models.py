@@ -93,8 +93,13 @@ STEPS = {
 
 
 @pytest.fixture(scope="module")
-def vmfb_cache(pytestconfig):
-    """A compile cache kept in pytest's cache folder: keyed by StableHLO, flags and compiler, so reruns skip IREE."""
+def vmfb_cache(pytestconfig, tmp_path_factory):
+    """A compile cache kept in pytest's cache folder: keyed by StableHLO, flags and compiler, so reruns skip IREE.
+
+    Under ``-p no:cacheprovider`` there is no such folder, and a fresh one per run serves.
+    """
+    if getattr(pytestconfig, "cache", None) is None:
+        return tmp_path_factory.mktemp("topos-benchmark-vmfb")
     return pytestconfig.cache.mkdir("topos-benchmark-vmfb")
 
 
