@@ -1466,8 +1466,18 @@ class CompiledRun:
         """The network whose compiled plan made this run."""
         return self._compiled.plan.network
 
+    @property
+    def compiled(self) -> CompiledPlan:
+        """The compiled plan whose call made this run (its ``results`` are what the run holds)."""
+        return self._compiled
+
     def __repr__(self) -> str:
         return f"<CompiledRun on {self._compiled.target.name}: {len(self._outputs)} results>"
+
+    def _repr_html_(self) -> str:
+        from topos.display import compiled_run_card  # the Jupyter card, loaded only when a notebook asks
+
+        return compiled_run_card(self)
 
     def _position(self, symbol) -> int:
         network = self._compiled.plan.network
@@ -1521,6 +1531,11 @@ class ResidentParameters:
         """Parameter index -> its DeviceArray (made on first read, then the same object)."""
         return {i: results[position] for i, (results, position) in self._sources.items()}
 
+    @property
+    def driver(self) -> str:
+        """The IREE driver whose device holds the arrays (``local-sync``, ``cuda``, ...)."""
+        return self._driver
+
     def names(self) -> tuple[str, ...]:
         """The slot names of the table this state was made from, in slot order; ``device(name)`` reads one."""
         return self._template.names()
@@ -1544,3 +1559,8 @@ class ResidentParameters:
 
     def __repr__(self) -> str:
         return f"<ResidentParameters: {len(self._sources)} arrays on {self._driver}>"
+
+    def _repr_html_(self) -> str:
+        from topos.display import resident_card  # the Jupyter card, loaded only when a notebook asks
+
+        return resident_card(self)

@@ -68,11 +68,13 @@ def compile_cache(tmp_path_factory):
 
 
 def test_every_object_a_learner_touches_has_a_card():
-    from topos.dialect.compiled import CompiledPlan
+    from topos.dialect.compiled import CompiledPlan, CompiledRun, ResidentParameters
+    from topos.gradcheck import GradientReport
+    from topos.tape import Value
 
-    classes = [Tape, topos.Network, topos.Node, topos.Run, topos.Parameters, topos.Gradients, topos.Field,
-               topos.Adjoints, topos.Entry, topos.Plan, CompiledPlan, topos.BisectReport, topos.Updates,
-               nn.Module, nn.Linear, nn.Sequential]
+    classes = [Tape, Value, topos.Network, topos.Node, topos.Run, topos.Parameters, topos.Gradients, topos.Field,
+               topos.Adjoints, topos.Entry, topos.Plan, CompiledPlan, CompiledRun, ResidentParameters,
+               topos.BisectReport, GradientReport, topos.Updates, nn.Module, nn.Linear, nn.Sequential]
     for cls in classes:
         method = cls._repr_html_
         assert "display" in inspect.getsource(method), f"{cls.__name__}._repr_html_ builds no card"
@@ -102,6 +104,27 @@ def test_open_tape_card_shows_the_node_count_and_the_last_lines_recorded():
         sealed.input(X)
     sealed.seal()
     assert "sealed" in text(sealed._repr_html_())
+
+
+def test_value_card_shows_its_describe_line_shape_and_name():
+    cards = {}
+
+    def fn(tape):
+        w, x, loss, _, _ = plate(tape)
+        cards["w"], cards["loss"] = w._repr_html_(), loss._repr_html_()
+        cards["lines"] = tape.describe().splitlines()
+        cards["symbols"] = w.symbol.index, loss.symbol.index
+        return loss
+
+    Tape.record(fn)
+    w_index, loss_index = cards["symbols"]
+    seen = text(cards["w"])
+    assert f"Value(%{w_index} parameter" in seen and "shape [2, 2] f32" in seen
+    assert "name w" in seen and "trainable parameter" in seen and "open" in seen
+    assert cards["lines"][w_index] in html.unescape(cards["w"])
+    seen = text(cards["loss"])
+    assert "shape [] f32" in seen and "trainable" not in seen
+    assert cards["lines"][loss_index] in html.unescape(cards["loss"])
 
 
 def test_network_card_counts_nodes_by_kind_and_names_each_source(recorded):
@@ -248,6 +271,38 @@ def test_compiled_plan_card_shows_target_driver_and_module_and_draws_the_plan(re
         assert "nodes scheduled" in card and "stablehlo." not in card  # the plan's drawing, not the module's
 
 
+def test_compiled_run_and_resident_state_cards_show_results_and_slots(recorded, compile_cache):
+    network, w, x, loss, adjoints, updates = recorded
+    compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu")
+    state = compiled.resident(network.parameters())
+    state, run = compiled.step(state, {x: X}, updates)
+    seen = text(run._repr_html_())
+    expected = float(np.sum(np.tanh(X.astype(np.float64) @ W) ** 2))
+    assert "CompiledRun" in seen and f"llvm-cpu (driver {compiled.driver})" in seen
+    assert f"%{loss.index} sum [] f32 {float(run[loss]):.6g}" in seen
+    assert float(run[loss]) == pytest.approx(expected, rel=1e-6)
+    assert f"results {len(compiled.results)} (" in seen
+    seen = text(state._repr_html_())
+    assert "ResidentParameters" in seen and f"driver {state.driver}" in seen and state.driver == compiled.driver
+    assert "w [2, 2] f32" in seen and "slots 1 (4 elements, 16 B)" in seen
+
+
+def test_gradient_report_card_gives_the_verdict_and_each_entry():
+    def model(tape):
+        w = tape.parameter(np.array([0.5, -1.5]), name="w")
+        return w, (w * w).tanh().sum()
+
+    network, (w, loss) = Tape.record(model)
+    report = topos.check_gradients(network, network.parameters(), {}, loss)
+    seen = text(report._repr_html_())
+    assert report.ok and "gradient check: ok" in seen and "every entry within both tolerances" in seen
+    entry = report.entries[0]
+    assert f"{entry.error:.2e}" in seen and f"{entry.largest:.3e}" in seen and "parameter [2]" in seen
+    failing = topos.check_gradients(network, network.parameters(), {}, loss, tolerance=1e-30, rule_tolerance=1e-30)
+    seen = text(failing._repr_html_())
+    assert not failing.ok and "gradient check: FAILED" in seen and "FAIL" in seen
+
+
 def test_bisect_card_says_ok_or_names_the_first_divergence(recorded, compile_cache, monkeypatch):
     network, w, x, loss, *_ = recorded
     entry = network.entry([loss])
@@ -313,7 +368,7 @@ def test_user_strings_are_escaped_in_every_card():
         setattr(parent, ODD, nn.Linear(2, 2))
         cards["tape"], cards["module"], cards["child"] = (tape._repr_html_(), parent._repr_html_(),
                                                           getattr(parent, ODD)._repr_html_())
-        cards["adjoints"] = adjoints._repr_html_()
+        cards["adjoints"], cards["value"] = adjoints._repr_html_(), w._repr_html_()
         return loss, scope["y"], adjoints
 
     network, (loss, y, adjoints) = Tape.record(fn)
@@ -322,8 +377,9 @@ def test_user_strings_are_escaped_in_every_card():
     plan = network.entry(adjoints.roots()).lower()
     cards.update(network=network._repr_html_(), node=network.node(network.named(ODD))._repr_html_(),
                  site=network.node(y)._repr_html_(), parameters=parameters._repr_html_(), run=run._repr_html_(),
-                 gradients=run.backward(loss)._repr_html_(), entry=plan.entry._repr_html_(), plan=plan._repr_html_())
-    for which in ("tape", "network", "node", "site", "parameters", "gradients", "module", "child"):
+                 gradients=run.backward(loss)._repr_html_(), entry=plan.entry._repr_html_(), plan=plan._repr_html_(),
+                 report=topos.check_gradients(network, parameters, {}, loss)._repr_html_())
+    for which in ("tape", "value", "network", "node", "site", "parameters", "gradients", "module", "child"):
         assert ESCAPED in cards[which], which
     assert f"{ESCAPED}recorded.py:1 in &lt;module&gt;" in cards["site"]
     assert f"{ESCAPED}.weight" in cards["module"] and f"path {ODD}" in text(cards["child"])

@@ -256,6 +256,22 @@ def node_card(node) -> str:
 
 
 @_never_raises
+def value_card(value) -> str:
+    """A recorded value: its describe line, shape, name and kind, and what to do with it next."""
+    tape = value.tape
+    index = value.symbol.index
+    facts = [("shape", _spec(value.shape, value.dtype))]
+    if value.name is not None:
+        facts.append(("name", value.name))
+    if value.trainable:
+        facts.append(("kind", "trainable parameter"))
+    facts.append(("tape", f"{'sealed' if tape.sealed else 'open'}, {len(tape)} nodes"))
+    return card(repr(value), facts, pre(tape.describe().splitlines()[index]),
+                line("Tape.record returns the sealed Network: network.node(value.symbol) is its Node, "
+                     "and a run is read with run[value]"))
+
+
+@_never_raises
 def run_card(run) -> str:
     """What the run can be read for, its results' values, and the drawing of them."""
     network = run.network
@@ -388,6 +404,49 @@ def compiled_card(compiled) -> str:
 
 
 @_never_raises
+def compiled_run_card(run) -> str:
+    """One compiled call's results: each one's node, shape and value (read back from the device)."""
+    compiled, network = run.compiled, run.network
+    nodes = [network.node(network.symbol(i)) for i in compiled.results]
+    rows = [[*_node_row(n), _value(run[n.symbol]) if k < ROWS else ""] for k, n in enumerate(nodes)]
+    facts = [("target", f"{compiled.target.name} (driver {compiled.driver})"),
+             ("results", _slots((n.shape, n.dtype) for n in nodes))]
+    return card("CompiledRun", facts, table(["node", "opcode", "name", "shape", "value"], rows, "results"),
+                line("run[symbol] copies one result to the host; run.device(symbol) keeps it on the device"))
+
+
+@_never_raises
+def resident_card(state) -> str:
+    """Device-resident parameters: each slot's name, shape and where it lives."""
+    rows, specs = [], []
+    for name in state.names():
+        array = state.device(name)
+        specs.append((array.shape, np.dtype(array.dtype)))
+        rows.append([name, _spec(array.shape, np.dtype(array.dtype))])
+    facts = [("slots", _slots(specs)), ("on", f"the IREE device of driver {state.driver}")]
+    return card("ResidentParameters", facts, table(["name", "shape"], rows, "slots"),
+                line("state.to_host() copies them back into a Parameters table; compiled.step(state, ...) "
+                     "trains them where they are"))
+
+
+@_never_raises
+def gradient_report_card(report) -> str:
+    """check_gradients' verdict, tolerances and each checked parameter's or input's errors."""
+    worst = report.worst
+    facts = [("verdict", "ok: every entry within both tolerances" if report.ok else "FAILED"),
+             ("target", repr(report.target)),
+             ("tolerances", f"{report.tolerance:.0e} ({short_name(report.dtype)}), "
+                            f"float64 rule {report.rule_tolerance:.0e}")]
+    if worst is not None:
+        facts.append(("worst", f"{worst.symbol!r} {worst.kind} {list(worst.shape)}, recorded at {worst.site}"))
+    rows = [[repr(e.symbol), e.kind, str(list(e.shape)), f"{e.largest:.3e}", f"{e.error:.2e}", f"{e.rule_error:.2e}",
+             "ok" if report.passed(e) else "FAIL"] for e in report.entries]
+    title = f"gradient check: {'ok' if report.ok else 'FAILED'}"
+    return card(title, facts, table(["wrt", "kind", "shape", "max |grad|", "error", "f64 rule error", "verdict"],
+                                    rows, "entries"))
+
+
+@_never_raises
 def bisect_card(report) -> str:
     """ok or the first divergence (its line, site, envelope and errors), the summary, and the drawing."""
     first = report.first
@@ -422,7 +481,8 @@ def module_card(module) -> str:
 
 
 __all__ = [
-    "ROWS", "SVG_MAX_BOXES", "adjoints_card", "bisect_card", "card", "compiled_card", "entry_card", "figure",
-    "folded", "gradients_card", "line", "module_card", "network_card", "node_card", "parameters_card", "plan_card",
-    "pre", "run_card", "table", "tape_card", "updates_card",
+    "ROWS", "SVG_MAX_BOXES", "adjoints_card", "bisect_card", "card", "compiled_card", "compiled_run_card",
+    "entry_card", "figure", "folded", "gradient_report_card", "gradients_card", "line", "module_card",
+    "network_card", "node_card", "parameters_card", "plan_card", "pre", "resident_card", "run_card", "table",
+    "tape_card", "updates_card", "value_card",
 ]

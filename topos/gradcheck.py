@@ -182,6 +182,11 @@ class GradientReport:
             f"worst error {self.worst_error:.2e}, {'ok' if self.ok else 'FAILED'}>"
         )
 
+    def _repr_html_(self) -> str:
+        from .display import gradient_report_card  # the Jupyter card, loaded only when a notebook asks
+
+        return gradient_report_card(self)
+
 
 def check_gradients(
     network,

@@ -65,6 +65,11 @@ class Value(Recordable):
     def _constant(self, array):
         return self._tape.leaf(array)
 
+    def _repr_html_(self) -> str:
+        from .display import value_card  # the Jupyter card, loaded only when a notebook asks
+
+        return value_card(self)
+
     def __repr__(self) -> str:
         spec = self._tape._specs[self._index]
         return f"Value(%{self._index} {self._tape._opcodes[self._index].name} {spec})"
