@@ -428,3 +428,39 @@ def test_an_mlp_records_as_many_nodes_as_the_hand_written_one():
     network, _ = Tape.record(_module_mlp_two)
     twin, _ = Tape.record(_hand_mlp_two)
     assert len(network) == len(twin)
+
+
+# The core helpers a facade may use besides topos's exported names: none of them records a node
+# (docs/principles/facades.md lists them and why).
+FACADE_HELPERS = {
+    "topos.provenance": {"user_site"},  # the user's line, for an error
+    "topos.copies": {"own"},  # a read-only copy the caller owns
+    "topos.element": {"ELEMENTS", "float32", "convert", "short_name"},  # element types and their spelling
+    "topos.errors": {"ArgumentError", "ShapeError"},  # exported from topos too
+    "topos.safetensors_io": {"header", "read", "read_metadata", "write"},  # the checkpoint file format
+    "topos.display": {"module_card"},  # the Jupyter card a module shows
+}
+
+
+def test_facades_import_only_the_public_surface_and_the_listed_helpers():
+    """Rule 5, read off the source: a facade's imports from topos are exported names or FACADE_HELPERS."""
+    import ast
+    from pathlib import Path
+
+    import topos
+
+    root = Path(topos.__file__).parent
+    files = [*sorted((root / "nn").glob("*.py")), root / "optim.py", root / "init.py", root / "checkpoint.py"]
+    exported = set(topos.__all__) | {"refmath"}  # refmath: the documented math module init draws with
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("topos"):
+                continue  # relative imports stay inside topos.nn; other packages are not the core
+            names = {alias.name for alias in node.names}
+            if node.module == "topos":
+                assert names <= exported, f"{path.name} imports {names - exported} from topos, not exported"
+            elif node.module.split(".")[1] in {"nn", "init", "optim", "checkpoint"}:
+                continue  # another facade (optim reuses nn's argument checks; modules draw from init)
+            else:
+                allowed = FACADE_HELPERS.get(node.module, set())
+                assert names <= allowed, f"{path.name}:{node.lineno} imports {names - allowed} from {node.module}"
