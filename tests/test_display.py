@@ -298,6 +298,7 @@ def test_gradient_report_card_gives_the_verdict_and_each_entry():
     assert report.ok and "gradient check: ok" in seen and "every entry within both tolerances" in seen
     entry = report.entries[0]
     assert f"{entry.error:.2e}" in seen and f"{entry.largest:.3e}" in seen and "parameter [2]" in seen
+    assert entry.name == "w" and f"{entry.symbol!r} w" in seen and f"{entry.symbol!r} w" in str(report)
     failing = topos.check_gradients(network, network.parameters(), {}, loss, tolerance=1e-30, rule_tolerance=1e-30)
     seen = text(failing._repr_html_())
     assert not failing.ok and "gradient check: FAILED" in seen and "FAIL" in seen
@@ -379,7 +380,8 @@ def test_user_strings_are_escaped_in_every_card():
                  site=network.node(y)._repr_html_(), parameters=parameters._repr_html_(), run=run._repr_html_(),
                  gradients=run.backward(loss)._repr_html_(), entry=plan.entry._repr_html_(), plan=plan._repr_html_(),
                  report=topos.check_gradients(network, parameters, {}, loss)._repr_html_())
-    for which in ("tape", "value", "network", "node", "site", "parameters", "gradients", "module", "child"):
+    for which in ("tape", "value", "network", "node", "site", "parameters", "gradients", "module", "child",
+                  "report"):
         assert ESCAPED in cards[which], which
     assert f"{ESCAPED}recorded.py:1 in &lt;module&gt;" in cards["site"]
     assert f"{ESCAPED}.weight" in cards["module"] and f"path {ODD}" in text(cards["child"])

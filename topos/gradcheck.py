@@ -90,6 +90,12 @@ class GradientEntry:
     worst_element: tuple[int, ...]
     backward_at_worst: float
     finite_difference_at_worst: float
+    name: str | None = None  # the slot's or input's recorded name, if it has one
+
+    @property
+    def label(self) -> str:
+        """``%0 w``: the symbol, and the name where there is one."""
+        return repr(self.symbol) if self.name is None else f"{self.symbol!r} {self.name}"
 
 
 class GradientReport:
@@ -140,10 +146,10 @@ class GradientReport:
             return self
         e = self.worst
         assert e is not None
-        failed = [f"{x.kind} {x.symbol!r}" for x in self.entries if not self.passed(x)]
+        failed = [f"{x.kind} {x.label}" for x in self.entries if not self.passed(x)]
         raise GradientCheckError(
             f"gradient check of {self.target!r} failed for {', '.join(failed)}; worst is "
-            f"{e.kind} {e.symbol!r} {list(e.shape)} (recorded at {e.site}): "
+            f"{e.kind} {e.label} {list(e.shape)} (recorded at {e.site}): "
             f"relative error {e.error:.2e} (tolerance {self.tolerance:.0e} for "
             f"{short_name(self.dtype)}), float64 rule error {e.rule_error:.2e} "
             f"(tolerance {self.rule_tolerance:.0e}); at element {list(e.worst_element)} the "
@@ -158,7 +164,7 @@ class GradientReport:
         header = ("wrt", "kind", "shape", "max |grad|", "error", "f64 rule error", "verdict")
         rows = [
             (
-                repr(e.symbol), e.kind, str(list(e.shape)), f"{e.largest:.3e}",
+                e.label, e.kind, str(list(e.shape)), f"{e.largest:.3e}",
                 f"{e.error:.2e}", f"{e.rule_error:.2e}", "ok" if self.passed(e) else "FAIL",
             )
             for e in self.entries
@@ -250,6 +256,7 @@ def check_gradients(
                 worst_element=where,
                 backward_at_worst=float(backward[where]),
                 finite_difference_at_worst=float(reference[where]),
+                name=network._names.get(i),
             )
         )
     return GradientReport(target, dtype, step, tolerance, rule_tolerance, entries)
