@@ -286,6 +286,16 @@ def test_compiled_run_and_resident_state_cards_show_results_and_slots(recorded, 
     assert "ResidentParameters" in seen and f"driver {state.driver}" in seen and state.driver == compiled.driver
     assert "w [2, 2] f32" in seen and "slots 1 (4 elements, 16 B)" in seen
 
+    def spare(tape):
+        tape.parameter(np.zeros(3, np.float32), name="spare")  # a slot no entry reads
+        w = tape.parameter(W, name="w")
+        return (w * w).sum()
+
+    other, total = Tape.record(spare)
+    state = other.entry([total]).lower().compile("llvm-cpu").resident(other.parameters())
+    seen = text(state._repr_html_())
+    assert "spare not read by the module: kept on the host" in seen and "w [2, 2] f32" in seen
+
 
 def test_gradient_report_card_gives_the_verdict_and_each_entry():
     def model(tape):

@@ -218,8 +218,10 @@ def test_a_value_passed_where_a_symbol_belongs_is_refused():
         return leaked["x"]
 
     network, _ = Tape.record(model)
-    with pytest.raises(SymbolError, match="Value, not a Symbol"):
+    with pytest.raises(SymbolError, match="Value, not a Symbol; use its Symbol: the one Tape.record returned"):
         network.node(leaked["x"])
+    with pytest.raises(SymbolError, match=r"or value\.symbol"):
+        network.forward(network.parameters())[leaked["x"]]
 
 
 def test_a_symbol_beyond_the_network_says_to_use_the_newer_network(recorded):

@@ -267,8 +267,8 @@ def value_card(value) -> str:
         facts.append(("kind", "trainable parameter"))
     facts.append(("tape", f"{'sealed' if tape.sealed else 'open'}, {len(tape)} nodes"))
     return card(repr(value), facts, pre(tape.describe().splitlines()[index]),
-                line("Tape.record returns the sealed Network: network.node(value.symbol) is its Node, "
-                     "and a run is read with run[value]"))
+                line("return it from the recording function: Tape.record hands back its Symbol, which reads "
+                     "runs (run[symbol]) and names its Node (network.node(symbol))"))
 
 
 @_never_raises
@@ -420,7 +420,11 @@ def resident_card(state) -> str:
     """Device-resident parameters: each slot's name, shape and where it lives."""
     rows, specs = [], []
     for name in state.names():
-        array = state.device(name)
+        try:
+            array = state.device(name)
+        except LookupError:  # a slot the module never reads stays in the host table it came from
+            rows.append([name, "not read by the module: kept on the host"])
+            continue
         specs.append((array.shape, np.dtype(array.dtype)))
         rows.append([name, _spec(array.shape, np.dtype(array.dtype))])
     facts = [("slots", _slots(specs)), ("on", f"the IREE device of driver {state.driver}")]

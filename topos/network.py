@@ -146,7 +146,9 @@ class Network:
     def check(self, symbol: Symbol, what: str = "symbol") -> int:
         """The node index of ``symbol``, or a SymbolError saying why it is not ours."""
         if not isinstance(symbol, Symbol):
-            raise SymbolError(f"{what} {symbol!r} is a {type(symbol).__name__}, not a Symbol")
+            fix = ("; use its Symbol: the one Tape.record returned for it, or value.symbol"
+                   if hasattr(symbol, "symbol") and hasattr(symbol, "tape") else "")
+            raise SymbolError(f"{what} {symbol!r} is a {type(symbol).__name__}, not a Symbol{fix}")
         if symbol.family is not self._family:
             raise SymbolError(f"{what} {symbol!r} belongs to another tape, not to this network")
         if not 0 <= symbol.index < len(self._opcodes):
