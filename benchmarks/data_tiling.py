@@ -1,7 +1,7 @@
 """When IREE's data tiling pays: every benchmark model's step compiled with and without it, timed on one core.
 
 ``plan.compile`` turns data tiling on when the plan's largest matmul
-reaches ``topos.dialect.targets.DATA_TILING_THRESHOLD`` multiply-adds.
+reaches ``topos.dialect.targets.data_tiling_threshold(...)`` multiply-adds.
 This script is the evidence for that number: each model of ``_zoo.py``
 is lowered once, its StableHLO compiled (no cache) under topos's llvm-cpu
 flags without data tiling, with ``--iree-opt-data-tiling`` (IREE's default
@@ -31,7 +31,7 @@ import math  # noqa: E402
 import time  # noqa: E402
 
 from topos.dialect.compiled import CompileError, compile_stablehlo, largest_matmul  # noqa: E402
-from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD  # noqa: E402
+from topos.dialect.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
 
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402
@@ -55,8 +55,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; pinned to CPU {PINNED_CPU}; IREE local-sync")
     print(f"versions: {versions()}")
-    print(f"topos's rule: {' '.join(DATA_TILING_FLAGS)} when the largest matmul reaches "
-          f"2^{math.log2(DATA_TILING_THRESHOLD):.0f} multiply-adds")
+    threshold = data_tiling_threshold(target("llvm-cpu"), "local-sync", "host")
+    print(f"topos's rule on this machine: {' '.join(DATA_TILING_FLAGS)} when the largest matmul reaches "
+          f"2^{math.log2(threshold):.0f} multiply-adds")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
     rows = []
     for key, model in models_that_fit(chosen_models(parser, args.models, MODELS)):
@@ -79,7 +80,7 @@ def main() -> None:
         timing = measure(runners, dict.fromkeys(runners, PER_ROUND[key]), args.rounds)
         untiled = timing["untiled"].cpu
         largest = largest_matmul(compiled.plan)
-        chosen = "data tiling" if largest >= DATA_TILING_THRESHOLD else "untiled"
+        chosen = "data tiling" if largest >= threshold else "untiled"
         rows.append([model.name, f"2^{math.log2(largest):.1f}" if largest else "—", chosen] + [
             "does not compile" if name in failed else f"{timing[name].cpu * 1e3:.3f}"
             + ("" if name == "untiled" else f" ({timing[name].cpu / untiled:.2f}x)")

@@ -303,7 +303,7 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
     largest = largest_matmul(plan)
     if data_tiling is None:  # a frozen module counts every product: the walk above already did
         counted = largest if frozen else largest_matmul(plan, TILED_MIN_ROWS)
-        data_tiling = counted >= data_tiling_threshold(chosen, driver)
+        data_tiling = counted >= data_tiling_threshold(chosen, driver, cpu)
     elements = {str(dtype) for dtype in {plan.network._specs[n].dtype for n in plan.schedule}}
     convolution = text is not None and "stablehlo.convolution" in text
     return flags_for(chosen, "float64" in elements, cpu, uses_bf16="bfloat16" in elements,
@@ -323,7 +323,8 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     None decides by size — on when the largest matmul of
     ``targets.TILED_MIN_ROWS`` rows or more (any, when frozen) reaches
     ``targets.DATA_TILING_THRESHOLD`` multiply-adds on one thread (local-sync),
-    ``targets.SHARED_DATA_TILING_THRESHOLD`` on several workers (local-task).
+    ``targets.SHARED_DATA_TILING_THRESHOLD`` on several workers (local-task), or
+    ``targets.NARROW_DATA_TILING_THRESHOLD`` on either for an x86 host without AVX-512.
     ``cache``: True (the default directory), False, a directory, or a CompileCache.
     ``rewrite`` (str -> str) edits the StableHLO text before IREE sees it:
     the seam ``topos.bisect`` uses to inject a fault on purpose.

@@ -190,6 +190,16 @@ DATA_TILING_THRESHOLD = 2**25
 # 0.81-1.12, median 0.97), and MLPs with products of 2^28 to 2^32 ran 1.3-2.0x faster
 # tiled. So a module for several workers is tiled from twice the one-thread size.
 SHARED_DATA_TILING_THRESHOLD = 2**26
+# Both thresholds were measured on CPUs with AVX-512. On an x86 CPU without it (the Zen 3
+# machine, AVX2, 2026-12-05; topos's SGD step of a batch-784-H-10 MLP, tiled / untiled, in
+# one process) tiling pays from about 2^24 multiply-adds on one thread and on two local-task
+# workers alike: 2^23.6 0.94 / 1.03 (one thread / two workers), 2^24.2 0.74 / 0.90, 2^24.6
+# 0.72 / 0.94, 2^25.6 0.69 / 0.65; the small GPT's step (2^25) 0.79 / 0.82, where the
+# shared threshold had left it untiled. IREE's untiled matmul code holds eight accumulators
+# in AVX2's sixteen registers, where its microkernel does better. So a module compiled for
+# such a host (cpu="host") is tiled from NARROW_DATA_TILING_THRESHOLD on any driver; other
+# CPUs, and CPUs named by cpu=, keep the measured rules above.
+NARROW_DATA_TILING_THRESHOLD = 2**24
 # A narrow product packs as much weight as it multiplies: with m rows the
 # per-call pack of a [k, n] weight is 1/m of the product's work. Two products
 # [m, 768] x [768, 3072] and [m, 3072] x [3072, 768] (2026-12-02, the Zen 3
@@ -326,10 +336,18 @@ def check_cpu(chosen: Target, cpu) -> None:
     )
 
 
-def data_tiling_threshold(chosen: Target, driver: str | None = None) -> int:
-    """Multiply-adds of the largest matmul from which a module for ``driver`` (default: the target's) is
-    data tiled unless ``compile(data_tiling=...)`` says otherwise."""
+def data_tiling_threshold(chosen: Target, driver: str | None = None, cpu: str = "host") -> int:
+    """Multiply-adds of the largest matmul from which a module for ``driver`` (default: the target's) and
+    ``cpu`` is data tiled unless ``compile(data_tiling=...)`` says otherwise."""
+    if cpu == "host" and narrow_vector_host():
+        return NARROW_DATA_TILING_THRESHOLD
     return DATA_TILING_THRESHOLD if _one_thread(chosen, driver) else SHARED_DATA_TILING_THRESHOLD
+
+
+def narrow_vector_host() -> bool:
+    """True on an x86-64 machine without AVX-512 (``host_isa``): its data-tiling threshold is lower."""
+    architecture, *features = host_isa().split()
+    return architecture in ("x86_64", "AMD64") and "avx512f" not in features
 
 
 def _one_thread(chosen: Target, driver: str | None) -> bool:

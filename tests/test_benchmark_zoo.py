@@ -188,3 +188,20 @@ def test_versus_jax_without_jax_prints_its_column_absent_with_the_reason(tmp_pat
     row = next(line for line in out.splitlines() if line.startswith("| MLP 784-128-10"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert float(cells[1]) > 0 and cells[2:] == ["absent", "—", "—"], row
+
+
+def test_the_tiling_threshold_benchmark_times_both_compiles_and_says_what_topos_chooses():
+    """benchmarks/tiling_threshold.py on one tiny width: a row with both times, and bad --shapes are refused."""
+    pytest.importorskip("iree.runtime")
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tiling_threshold.py"
+    done = subprocess.run([sys.executable, str(script), "--shapes", "4x8", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 4 x 784 x 8"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1] == "2^14.6" and float(cells[2]) > 0 and float(cells[3]) > 0 and cells[5] == "untiled", row
+    bad = subprocess.run([sys.executable, str(script), "--shapes", "64by128"], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert bad.returncode == 2 and "give BATCHxWIDTH pairs" in bad.stderr and "Traceback" not in bad.stderr

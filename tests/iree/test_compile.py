@@ -251,7 +251,8 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
     assert issubclass(DeviceMemoryError, ToposError) and issubclass(DeviceMemoryError, MemoryError)
 
 
-def test_data_tiling_follows_the_size_of_the_largest_matmul():
+def test_data_tiling_follows_the_size_of_the_largest_matmul(monkeypatch):
+    from topos.dialect import targets
     from topos.dialect.compiled import largest_matmul, module_flags
     from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, SHARED_DATA_TILING_THRESHOLD, target
 
@@ -272,11 +273,31 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul():
     forced = small.compile("llvm-cpu", data_tiling=True)
     assert set(DATA_TILING_FLAGS) <= set(forced.flags)
 
+    def tiled(plan, driver=None, cpu_name="host"):
+        return set(DATA_TILING_FLAGS) <= set(module_flags(plan, cpu, cpu_name, None, driver=driver))
+
     cpu, middle = target("llvm-cpu"), plan_of(32, 1024, 1024)  # the small GPT's size: tiled on one thread only
     assert largest_matmul(middle) == DATA_TILING_THRESHOLD < SHARED_DATA_TILING_THRESHOLD <= largest_matmul(large)
-    assert set(DATA_TILING_FLAGS) <= set(module_flags(middle, cpu, "host", None))
-    assert not set(DATA_TILING_FLAGS) & set(module_flags(middle, cpu, "host", None, driver="local-task"))
-    assert set(DATA_TILING_FLAGS) <= set(module_flags(large, cpu, "host", None, driver="local-task"))
+    monkeypatch.setattr(targets, "narrow_vector_host", lambda: False)  # a host with AVX-512
+    assert tiled(middle) and not tiled(middle, "local-task") and tiled(large, "local-task")
+
+    # An x86 host without AVX-512 tiles from NARROW_DATA_TILING_THRESHOLD on every driver; a named CPU
+    # keeps the AVX-512 machines' rule.
+    narrow = plan_of(16, 1024, 1024)
+    assert largest_matmul(narrow) == targets.NARROW_DATA_TILING_THRESHOLD < DATA_TILING_THRESHOLD
+    assert not tiled(narrow) and not tiled(narrow, "local-task")
+    monkeypatch.setattr(targets, "narrow_vector_host", lambda: True)
+    assert tiled(narrow) and tiled(narrow, "local-task") and tiled(middle, "local-task")
+    assert not tiled(plan_of(8, 1024, 1024)) and not tiled(narrow, "local-task", "generic")
+
+
+def test_the_narrow_vector_rule_reads_the_hosts_features(monkeypatch):
+    from topos.dialect import targets
+
+    for isa, narrow in (("x86_64 avx avx2 fma sse2", True), ("x86_64 avx2 avx512bw avx512f fma", False),
+                        ("aarch64 asimd fp sve", False)):
+        monkeypatch.setattr(targets, "host_isa", lambda isa=isa: isa)
+        assert targets.narrow_vector_host() is narrow, isa
 
 
 def test_a_tiled_product_returned_beside_its_gelu_compiles():
