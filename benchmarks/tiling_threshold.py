@@ -62,6 +62,25 @@ def sgd_mlp(batch: int, hidden: int):
     return network, loss, updates
 
 
+def timed(batch: int, width: int, driver: str, rounds: int) -> tuple[float, float]:
+    """(untiled, tiled) median seconds of one step of ``sgd_mlp(batch, width)`` on ``driver``
+    (process CPU time on local-sync, wall time on local-task), timed in alternating rounds."""
+    network, loss, updates = sgd_mlp(batch, width)
+    steps = {}
+    for tiled in (False, True):
+        compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu", driver, cache=False,
+                                                                       data_tiling=tiled)
+        state = [compiled.resident(network.parameters())]
+
+        def step(compiled=compiled, state=state):
+            state[0], _ = compiled.step(state[0], {}, updates)
+
+        steps["tiled" if tiled else "untiled"] = step
+    timing = interleaved(steps, 5, rounds, warmup=2, alternate=True)
+    clock = "cpu" if driver == "local-sync" else "wall"
+    return getattr(timing["untiled"], clock), getattr(timing["tiled"], clock)
+
+
 def shapes(text: str) -> list[tuple[int, int]]:
     try:
         pairs = [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item.strip()]
@@ -91,19 +110,7 @@ def main() -> None:
     print(f"topos tiles from 2^{math.log2(threshold):.0f} multiply-adds here (threads {THREADS})\n", flush=True)
     rows = []
     for batch, width in args.shapes:
-        network, loss, updates = sgd_mlp(batch, width)
-        steps = {}
-        for tiled in (False, True):
-            compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu", driver, cache=False,
-                                                                           data_tiling=tiled)
-            state = [compiled.resident(network.parameters())]
-
-            def step(compiled=compiled, state=state):
-                state[0], _ = compiled.step(state[0], {}, updates)
-
-            steps["tiled" if tiled else "untiled"] = step
-        timing = interleaved(steps, 5, args.rounds, warmup=2, alternate=True)
-        untiled, tiled = (getattr(timing[name], clock) for name in ("untiled", "tiled"))
+        untiled, tiled = timed(batch, width, driver, args.rounds)
         largest = batch * 784 * width
         rows.append([f"{batch} x 784 x {width}", f"2^{math.log2(largest):.1f}", f"{untiled * 1e3:.3f}",
                      f"{tiled * 1e3:.3f}", f"{tiled / untiled:.2f}x",

@@ -190,18 +190,16 @@ def test_versus_jax_without_jax_prints_its_column_absent_with_the_reason(tmp_pat
     assert float(cells[1]) > 0 and cells[2:] == ["absent", "—", "—"], row
 
 
-def test_the_tiling_threshold_benchmark_times_both_compiles_and_says_what_topos_chooses():
-    """benchmarks/tiling_threshold.py on one tiny width: a row with both times, and bad --shapes are refused."""
+def test_the_tiling_threshold_benchmark_times_both_compiles_and_refuses_bad_shapes():
+    """benchmarks/tiling_threshold.py's measurement on one tiny width, in process; bad --shapes name the form."""
     pytest.importorskip("iree.runtime")
-    import subprocess
+    import argparse
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tiling_threshold.py"
-    done = subprocess.run([sys.executable, str(script), "--shapes", "4x8", "--rounds", "1"],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| 4 x 784 x 8"))
-    cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[1] == "2^14.6" and float(cells[2]) > 0 and float(cells[3]) > 0 and cells[5] == "untiled", row
-    bad = subprocess.run([sys.executable, str(script), "--shapes", "64by128"], capture_output=True, text=True,
-                         timeout=120, check=False)
-    assert bad.returncode == 2 and "give BATCHxWIDTH pairs" in bad.stderr and "Traceback" not in bad.stderr
+    import tiling_threshold
+
+    untiled, tiled = tiling_threshold.timed(4, 8, "local-sync", rounds=1)
+    assert untiled > 0 and tiled > 0
+    assert tiling_threshold.shapes("64x128, 4x8") == [(64, 128), (4, 8)]
+    for bad in ("64by128", "64x0", "64x128x3", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="BATCHxWIDTH pairs"):
+            tiling_threshold.shapes(bad)

@@ -97,8 +97,11 @@ def test_mlp_trains_and_prints_the_series_last_lines(route, small_names, capsys)
     assert training < UNIFORM + 0.2 and dev < UNIFORM
 
 
-@pytest.mark.parametrize("name, argv", [("mlp", ["--hidden", "16"]),
-                                        ("transformer", ["--heads", "1", "--head-size", "8", "--batch", "4"])])
+# The transformer's run (about 20 s) is slow-marked: attention on SPIR-V is covered in the default run by
+# tests/test_examples_gpt2.py's prefill and decode on lavapipe, and the MLP's run covers training on vulkan.
+@pytest.mark.parametrize("name, argv", [
+    ("mlp", ["--hidden", "16"]),
+    pytest.param("transformer", ["--heads", "1", "--head-size", "8", "--batch", "4"], marks=pytest.mark.slow)])
 def test_makemore_trains_on_vulkan_through_lavapipe(name, argv, small_names, capsys, lavapipe):
     """--target vulkan: the embedding's selections narrowed to i32 and its scatter compiled for SPIR-V."""
     lines = run(name, ["--steps", "30", "--quiet", "--samples", "40", "--target", "vulkan", "--data", small_names,
