@@ -345,9 +345,10 @@ def data_tiling_threshold(chosen: Target, driver: str | None = None, cpu: str = 
 
 
 def narrow_vector_host() -> bool:
-    """True on an x86-64 machine without AVX-512 (``host_isa``): its data-tiling threshold is lower."""
+    """True on an x86-64 machine whose features (``host_isa``) show AVX2 and no AVX-512: its data-tiling
+    threshold is lower. Where the features cannot be read (no ``/proc/cpuinfo``) the measured rules stay."""
     architecture, *features = host_isa().split()
-    return architecture in ("x86_64", "AMD64") and "avx512f" not in features
+    return architecture in ("x86_64", "AMD64") and "avx2" in features and "avx512f" not in features
 
 
 def _one_thread(chosen: Target, driver: str | None) -> bool:

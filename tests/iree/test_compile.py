@@ -295,7 +295,7 @@ def test_the_narrow_vector_rule_reads_the_hosts_features(monkeypatch):
     from topos.dialect import targets
 
     for isa, narrow in (("x86_64 avx avx2 fma sse2", True), ("x86_64 avx2 avx512bw avx512f fma", False),
-                        ("aarch64 asimd fp sve", False)):
+                        ("aarch64 asimd fp sve", False), ("x86_64 i386", False)):  # the last: features unread
         monkeypatch.setattr(targets, "host_isa", lambda isa=isa: isa)
         assert targets.narrow_vector_host() is narrow, isa
 
