@@ -30,7 +30,7 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
-from topos.dialect.compiled import CompileError, compile_stablehlo, largest_matmul  # noqa: E402
+from topos.dialect.compiled import CompileError, compile_stablehlo, largest_matmul, module_flags  # noqa: E402
 from topos.dialect.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
 
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
@@ -39,7 +39,7 @@ from compiled import measure, module_runner  # noqa: E402
 
 # Every tiled variant keeps multi-use fusion off: without it IREE 3.13 cannot compile some tiled
 # steps at all (the makemore transformer's; docs/performance.md, "Multi-use fusion off").
-_FUSION = "--iree-dispatch-creation-fuse-multi-use=false"
+_FUSION = next(flag for flag in DATA_TILING_FLAGS if "fuse-multi-use" in flag)
 VARIANTS = {
     "untiled": (),
     "data tiling": ("--iree-opt-data-tiling", _FUSION),
@@ -80,7 +80,8 @@ def main() -> None:
         timing = measure(runners, dict.fromkeys(runners, PER_ROUND[key]), args.rounds)
         untiled = timing["untiled"].cpu
         largest = largest_matmul(compiled.plan)
-        chosen = "data tiling" if largest >= threshold else "untiled"
+        chosen = "data tiling" if set(DATA_TILING_FLAGS) <= set(
+            module_flags(compiled.plan, target("llvm-cpu"), "host", None, driver="local-sync")) else "untiled"
         rows.append([model.name, f"2^{math.log2(largest):.1f}" if largest else "—", chosen] + [
             "does not compile" if name in failed else f"{timing[name].cpu * 1e3:.3f}"
             + ("" if name == "untiled" else f" ({timing[name].cpu / untiled:.2f}x)")

@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.dialect.targets import data_tiling_threshold, target  # noqa: E402
+from topos.dialect.compiled import module_flags  # noqa: E402
+from topos.dialect.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
 
 from _timing import interleaved, print_preamble, table  # noqa: E402
 
@@ -62,14 +63,16 @@ def sgd_mlp(batch: int, hidden: int):
     return network, loss, updates
 
 
-def timed(batch: int, width: int, driver: str, rounds: int) -> tuple[float, float]:
+def timed(batch: int, width: int, driver: str, rounds: int) -> tuple[float, float, bool]:
     """(untiled, tiled) median seconds of one step of ``sgd_mlp(batch, width)`` on ``driver``
-    (process CPU time on local-sync, wall time on local-task), timed in alternating rounds."""
+    (process CPU time on local-sync, wall time on local-task), timed in alternating rounds, and
+    whether topos's own rule tiles that step here."""
     network, loss, updates = sgd_mlp(batch, width)
+    plan = network.entry(updates.roots(loss)).lower()
+    chosen = set(DATA_TILING_FLAGS) <= set(module_flags(plan, target("llvm-cpu"), "host", None, driver=driver))
     steps = {}
     for tiled in (False, True):
-        compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu", driver, cache=False,
-                                                                       data_tiling=tiled)
+        compiled = plan.compile("llvm-cpu", driver, cache=False, data_tiling=tiled)
         state = [compiled.resident(network.parameters())]
 
         def step(compiled=compiled, state=state):
@@ -78,7 +81,7 @@ def timed(batch: int, width: int, driver: str, rounds: int) -> tuple[float, floa
         steps["tiled" if tiled else "untiled"] = step
     timing = interleaved(steps, 5, rounds, warmup=2, alternate=True)
     clock = "cpu" if driver == "local-sync" else "wall"
-    return getattr(timing["untiled"], clock), getattr(timing["tiled"], clock)
+    return getattr(timing["untiled"], clock), getattr(timing["tiled"], clock), chosen
 
 
 def shapes(text: str) -> list[tuple[int, int]]:
@@ -110,11 +113,11 @@ def main() -> None:
     print(f"topos tiles from 2^{math.log2(threshold):.0f} multiply-adds here (threads {THREADS})\n", flush=True)
     rows = []
     for batch, width in args.shapes:
-        untiled, tiled = timed(batch, width, driver, args.rounds)
+        untiled, tiled, chosen = timed(batch, width, driver, args.rounds)
         largest = batch * 784 * width
         rows.append([f"{batch} x 784 x {width}", f"2^{math.log2(largest):.1f}", f"{untiled * 1e3:.3f}",
                      f"{tiled * 1e3:.3f}", f"{tiled / untiled:.2f}x",
-                     "data tiling" if largest >= threshold else "untiled"])
+                     "data tiling" if chosen else "untiled"])
         print(f"{batch}x{width}: done", flush=True)
     print(f"\nSGD step of the MLP, median {clock} ms over {args.rounds} rounds (ratio: tiled / untiled, below 1: "
           "tiling pays)\n")

@@ -52,8 +52,8 @@ def trained_line(tape):
     return symbols, rate, topos.sgd(tape, tape.differentiate(loss, [w, b]), rate)
 
 
-def train_compiled(rates, target: str = "llvm-cpu", steps: int = 600) -> dict:
-    """rate -> the Parameters table each rate reaches, every step one call of one compiled module."""
+def train_compiled(rates, target: str = "llvm-cpu", steps: int = 600) -> tuple[dict, tuple]:
+    """(rate -> the Parameters table it reaches, (w, b) of the recording), every step one call of one module."""
     network, ((w, b, x, y, loss), rate, updates) = Tape.record(trained_line)
     compiled = network.entry(updates.roots(loss)).lower().compile(target)
     print(f"\n{compiled.describe()}")
@@ -87,9 +87,9 @@ def main(argv=None) -> dict:
     print("\nw -> 2 and b -> 1; the network was never modified.")
     if args.oracle_only:
         return results
-    compiled, (cw, cb) = train_compiled(results, args.target)
+    on_module, (cw, cb) = train_compiled(tuple(results), args.target)
     print(f"\n{'learning rate':>14} {'w, compiled':>12} {'b, compiled':>12} {'largest gap to the oracle':>26}")
-    for rate, table in compiled.items():
+    for rate, table in on_module.items():
         gap = max(abs(float(table[cw]) - float(results[rate][w])), abs(float(table[cb]) - float(results[rate][b])))
         print(f"{rate:>14} {float(table[cw]):>12.6f} {float(table[cb]):>12.6f} {gap:>26.3g}")
         # float64 throughout; 600 steps of a contraction leave rounding differences far below this

@@ -197,7 +197,7 @@ def test_the_tiling_threshold_benchmark_times_both_compiles_and_refuses_bad_shap
 
     import tiling_threshold
 
-    untiled, tiled = tiling_threshold.timed(4, 8, "local-sync", rounds=1)
+    untiled, tiled, _ = tiling_threshold.timed(4, 8, "local-sync", rounds=1)
     assert untiled > 0 and tiled > 0
     assert tiling_threshold.shapes("64x128, 4x8") == [(64, 128), (4, 8)]
     for bad in ("64by128", "64x0", "64x128x3", ""):

@@ -443,11 +443,8 @@ def gradient_report_card(report) -> str:
                             f"float64 rule {report.rule_tolerance:.0e}")]
     if worst is not None:
         facts.append(("worst", f"{worst.label} {worst.kind} {list(worst.shape)}, recorded at {worst.site}"))
-    rows = [[e.label, e.kind, str(list(e.shape)), f"{e.largest:.3e}", f"{e.error:.2e}", f"{e.rule_error:.2e}",
-             "ok" if report.passed(e) else "FAIL"] for e in report.entries]
     title = f"gradient check: {'ok' if report.ok else 'FAILED'}"
-    return card(title, facts, table(["wrt", "kind", "shape", "max |grad|", "error", "f64 rule error", "verdict"],
-                                    rows, "entries"))
+    return card(title, facts, table(list(report.HEADER), report.rows(), "entries"))
 
 
 @_never_raises

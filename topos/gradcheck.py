@@ -160,15 +160,15 @@ class GradientReport:
             "kinks (relu, abs, maximum ties, step thresholds).\n" + str(self)
         )
 
+    HEADER = ("wrt", "kind", "shape", "max |grad|", "error", "f64 rule error", "verdict")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of text per entry, in ``HEADER``'s columns: what ``str`` and the Jupyter card show."""
+        return [(e.label, e.kind, str(list(e.shape)), f"{e.largest:.3e}", f"{e.error:.2e}", f"{e.rule_error:.2e}",
+                 "ok" if self.passed(e) else "FAIL") for e in self.entries]
+
     def __str__(self) -> str:
-        header = ("wrt", "kind", "shape", "max |grad|", "error", "f64 rule error", "verdict")
-        rows = [
-            (
-                e.label, e.kind, str(list(e.shape)), f"{e.largest:.3e}",
-                f"{e.error:.2e}", f"{e.rule_error:.2e}", "ok" if self.passed(e) else "FAIL",
-            )
-            for e in self.entries
-        ]
+        header, rows = self.HEADER, self.rows()
         widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
         lines = [
             f"gradient check of {self.target!r}: {short_name(self.dtype)} backward scan vs float64 "
