@@ -196,7 +196,7 @@ def test_module_uses_no_numpy_random_or_transcendentals_and_imports_no_mlir():
     assert not used & forbidden
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    allowed = {"__future__", "collections.abc", "dataclasses", "math", "numpy", "numpy.typing", "typing"}
+    allowed = {"__future__", "collections.abc", "dataclasses", "functools", "math", "numpy", "numpy.typing", "typing"}
     assert imported <= allowed | {"topos", "topos.refmath", "topos.errors", "topos.element"}
 
 
@@ -490,3 +490,24 @@ def test_draws_in_chunks_give_the_bits_of_one_draw(monkeypatch):
     monkeypatch.setattr(refmath, "CHUNK", 1000 * chunk)  # one chunk holds every draw
     for a, b in zip(chunked, draws()):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_draw_too_big_for_memory_is_refused_by_name_and_leaves_the_stream(monkeypatch):
+    generator = Generator(1)
+    generator.bits(3)
+    with pytest.raises(ArgumentError, match=r"Generator.normal\(\(1000000, 1000000\)\) does not fit in this "
+                                            r"machine's memory \(.*\); ask for fewer values"):
+        generator.normal((10**6, 10**6))
+    with pytest.raises(ArgumentError, match=r"zeros\(\) for shape \(1000000, 1000000\) does not fit"):
+        init.zeros()(generator, (10**6, 10**6))
+    assert generator.position == 4
+
+    def exhausted(words):  # memory running out after the words were drawn
+        raise MemoryError("Unable to allocate")
+
+    monkeypatch.setattr(init, "_unit", exhausted)
+    with pytest.raises(ArgumentError, match=r"Generator.uniform\(5\) does not fit"):
+        generator.uniform(5)
+    assert generator.position == 4
+    monkeypatch.undo()
+    assert generator.uniform(5).tobytes() == Generator(1, 4).uniform(5).tobytes()

@@ -39,6 +39,7 @@ checked with NumPy's AVX code paths switched off.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,6 +152,34 @@ def _unit(words: np.ndarray) -> np.ndarray:
     return mantissa.astype(np.float64) * 2.0**-53
 
 
+def _drawing(method):
+    """A draw too large for this machine's memory leaves the stream where it was and says which draw it was.
+
+    Every draw allocates its words and floats before it returns, so a
+    shape with 10**12 elements fails inside NumPy; the stream's position
+    is restored so that a smaller retry draws the same bits it would have.
+    """
+
+    @functools.wraps(method)
+    def draw(self, *args, **kwargs):
+        position = self._position
+        try:
+            return method(self, *args, **kwargs)
+        except MemoryError as error:
+            self._position = position
+            what = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            raise _too_big(f"Generator.{method.__name__}({what})", error) from None
+
+    return draw
+
+
+def _too_big(call: str, error: MemoryError) -> ArgumentError:
+    return ArgumentError(
+        f"{call} does not fit in this machine's memory ({error}); ask for fewer values: "
+        "the generator's stream is left where it was"
+    )
+
+
 class Generator:
     """A seeded stream of random numbers (Philox4x32-10) whose bits are the same on every machine.
 
@@ -212,22 +241,26 @@ class Generator:
             normals[part, 1] = radius * sine
         return normals.reshape(-1)[:count]
 
+    @_drawing
     def bits(self, count: int) -> np.ndarray:
         """The next ``count`` raw 32-bit words, as uint32."""
         return _frozen(self._words(_count(count, "count")))
 
+    @_drawing
     def uniform(self, shape: Shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike = float32) -> np.ndarray:
         """Values uniform in [low, high): ``low + (high - low) * u`` in float64, rounded once."""
         shape, dtype, (low, high) = _shape(shape), _element(dtype), _interval(low, high)
         u = _unit(self._words(2 * math.prod(shape)))
         return _frozen(refmath.round_once(low + (high - low) * u, dtype).reshape(shape))
 
+    @_drawing
     def normal(self, shape: Shape, mean: float = 0.0, std: float = 1.0, dtype: DTypeLike = float32) -> np.ndarray:
         """Normal values ``mean + std * z``, z by Box-Muller (see the module docstring for the order)."""
         shape, dtype, mean, std = _shape(shape), _element(dtype), _finite(mean, "mean"), _std(std)
         z = self._normal64(math.prod(shape))
         return _frozen(refmath.round_once(mean + std * z, dtype).reshape(shape))
 
+    @_drawing
     def truncated_normal(
         self, shape: Shape, mean: float = 0.0, std: float = 1.0, low: float = -2.0, high: float = 2.0,
         dtype: DTypeLike = float32,
@@ -255,6 +288,7 @@ class Generator:
             need -= inside.size
         return _frozen(refmath.round_once(np.concatenate(kept), dtype).reshape(shape))
 
+    @_drawing
     def dropout_mask(self, shape: Shape, p: float, dtype: DTypeLike = float32) -> np.ndarray:
         """An inverted-dropout mask: 0 where the uniform u < p, else 1 / (1 - p) (rounded once)."""
         shape, dtype, p = _shape(shape), _element(dtype), _finite(p, "p")
@@ -263,6 +297,7 @@ class Generator:
         u = _unit(self._words(2 * math.prod(shape)))
         return _frozen(refmath.round_once(np.where(u < p, 0.0, 1.0 / (1.0 - p)), dtype).reshape(shape))
 
+    @_drawing
     def integers(self, shape: Shape, low: int, high: int) -> np.ndarray:
         """int64 values in [low, high): ``low + floor(u * (high - low))`` with a 53-bit u.
 
@@ -278,6 +313,7 @@ class Generator:
         offsets = np.floor(u * float(high - low)).astype(np.int64)  # at most high - low - 1: see tests
         return _frozen((offsets + np.int64(low)).reshape(shape))
 
+    @_drawing
     def permutation(self, n: int) -> np.ndarray:
         """A uniformly random ordering of range(n), as int64: a stable argsort of n random 64-bit keys."""
         n = _count(n, "n")
@@ -285,6 +321,7 @@ class Generator:
         keys = (pairs[:, 0] << _HALF) | pairs[:, 1]
         return _frozen(np.argsort(keys, kind="stable").astype(np.int64))
 
+    @_drawing
     def split(self, count: int) -> tuple[Generator, ...]:
         """``count`` new generators for independent streams (e.g. one per module); advances this one.
 
@@ -327,7 +364,10 @@ class Initializer:
                    if swapped else "; call it as ")
                 + "initializer(generator, shape, dtype)"
             )
-        return self._draw(generator, _shape(shape), _element(dtype))
+        try:
+            return self._draw(generator, _shape(shape), _element(dtype))
+        except MemoryError as error:
+            raise _too_big(f"{self!r} for shape {shape!r}", error) from None
 
     def __repr__(self) -> str:
         return f"{self.name}({', '.join(f'{key}={value!r}' for key, value in self.arguments)})"
