@@ -435,10 +435,11 @@ def test_an_mlp_records_as_many_nodes_as_the_hand_written_one():
 FACADE_HELPERS = {
     "topos.provenance": {"user_site"},  # the user's line, for an error
     "topos.copies": {"own"},  # a read-only copy the caller owns
-    "topos.element": {"ELEMENTS", "float32", "convert", "short_name"},  # element types and their spelling
+    "topos.element": {"ELEMENTS", "float32", "convert", "convert_checked", "short_name"},  # element types, spelling
     "topos.errors": {"ArgumentError", "ShapeError"},  # exported from topos too
     "topos.safetensors_io": {"header", "read", "read_metadata", "write"},  # the checkpoint file format
     "topos.display": {"module_card"},  # the Jupyter card a module shows
+    "topos.differentiate": {"open_pairs"},  # the Values of open Adjoints, or an error naming what came instead
 }
 
 

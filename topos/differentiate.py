@@ -26,7 +26,7 @@ import numpy as np
 
 from .copies import own
 from .element import convert_checked, host_array, short_name
-from .errors import DifferentiationError, SymbolError
+from .errors import ArgumentError, DifferentiationError, RecordingError, SymbolError
 from .interpret import _conversion
 from .recordable import Eager
 
@@ -270,6 +270,34 @@ def _symbol_of(x):
     return x.symbol if hasattr(x, "symbol") else x
 
 
+def adjoints_of(owner: str, adjoints) -> Adjoints:
+    """``adjoints`` if it is an Adjoints (open or detached); else an ArgumentError naming what came instead."""
+    if not isinstance(adjoints, Adjoints):
+        raise ArgumentError(
+            f"{owner} takes the Adjoints that tape.differentiate(loss, parameters) returned, got "
+            f"{type(adjoints).__name__} {adjoints!r}"
+        )
+    return adjoints
+
+
+def open_pairs(owner: str, adjoints, tape=None) -> list[tuple]:
+    """The (wrt, gradient) Values of ``adjoints``, still on the open ``tape`` (or their own), for recording more."""
+    from .tape import Value
+
+    pairs = adjoints_of(owner, adjoints).pairs()
+    if any(not isinstance(v, Value) for pair in pairs for v in pair):
+        raise RecordingError(
+            f"{owner}: these adjoints are detached (Symbols, as Tape.record hands them out); record the update "
+            "inside the recording, with the Adjoints tape.differentiate returned there"
+        )
+    if tape is not None and any(w.tape is not tape for w, _ in pairs):
+        raise SymbolError(
+            f"{owner}: the adjoints were recorded on another tape than the one given; pass the tape they were "
+            "differentiated on"
+        )
+    return pairs
+
+
 def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Adjoints:
     """Append the reverse scan of ``target`` (seeded by ``seed``) to ``tape``; see Tape.vjp."""
     from .tape import Value
@@ -417,7 +445,7 @@ def recorded_gradients(run, adjoints, parameters):
     """A Parameters table of the recorded gradients a run computed (zeros for other slots)."""
 
     network = run.network
-    by_wrt = {_symbol_of(w).index: _symbol_of(g) for w, g in adjoints.pairs()}
+    by_wrt = {_symbol_of(w).index: _symbol_of(g) for w, g in adjoints_of("recorded_gradients", adjoints).pairs()}
     pairs = []
     for symbol, array in parameters.items():
         g = by_wrt.get(symbol.index)

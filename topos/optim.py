@@ -43,8 +43,9 @@ import numpy as np
 
 from topos import ArgumentError, DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
 from topos.copies import own
-from topos.element import convert, short_name
-from topos.nn.arguments import real
+from topos.differentiate import open_pairs
+from topos.element import short_name
+from topos.nn.arguments import positive_rate, rate_as, real
 from topos.provenance import user_site
 
 
@@ -100,7 +101,7 @@ class Optimizer:
     def __init__(self, lr: float, weight_decay: float = 0.0, decay: Callable[[str], bool] | None = None, *,
                  prefix: str = "optim"):
         owner = type(self).__name__
-        lr = _rate(owner, lr)
+        lr = positive_rate(owner, lr)
         weight_decay = real(owner, "weight_decay", weight_decay, low=0.0)
         if decay is not None and not callable(decay):
             raise ArgumentError(
@@ -130,7 +131,7 @@ class Optimizer:
                 f"{', '.join(map(repr, names))}; changing lr now would leave the recorded step at {self._lr:g}. "
                 f"Feed the rate per step instead, {{{names[0]!r}: {value!r}}}, or pass step(..., lr=) on the host"
             )
-        self._lr = _rate(owner, value)
+        self._lr = positive_rate(owner, value)
 
     # -- the rule, written once ----------------------------------------------------------
     def prepare(self, rate, step):
@@ -190,8 +191,9 @@ class Optimizer:
         state = self.init(parameters) if state is None else state
         dtypes = _dtypes(parameters)
         _check_state(self, state, parameters, dtypes)
-        rate = self.lr if lr is None else _rate(f"{type(self).__name__}.step", lr)
-        rates = {d: Eager(convert(rate, d)) for d in dtypes}
+        owner = f"{type(self).__name__}.step"
+        rate = self.lr if lr is None else positive_rate(owner, lr)
+        rates = {d: Eager(rate_as(owner, rate, d)) for d in dtypes}
         steps = {d: Eager(state[self._group_name("step", d, dtypes)]) for d in dtypes} if self.counts_steps else {}
         slots = []
         for name, array in _trainable(parameters):
@@ -214,9 +216,10 @@ class Optimizer:
         Records the rate input(s), the state slots and the update nodes;
         the Updates pair every parameter and state slot with its next value.
         """
-        pairs = adjoints.pairs()
+        owner = f"{type(self).__name__}.record"
+        pairs = open_pairs(owner, adjoints)
         if not pairs:
-            raise DifferentiationError(f"{type(self).__name__}.record: the adjoints cover no parameter")
+            raise DifferentiationError(f"{owner}: the adjoints cover no parameter")
         tape = pairs[0][0].tape
         self._check_names_free(tape)
         for parameter, _ in pairs:
@@ -227,7 +230,7 @@ class Optimizer:
                     "model.parameters())"
                 )
         dtypes = list(dict.fromkeys(p.dtype for p, _ in pairs))
-        rates = {d: tape.input(convert(self.lr, d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
+        rates = {d: tape.input(rate_as(owner, self.lr, d), name=self._group_name("lr", d, dtypes)) for d in dtypes}
         self._rates = {d: v.symbol for d, v in rates.items()}
         steps = {}
         if self.counts_steps:
@@ -410,17 +413,6 @@ def _aligned_gradients(parameters: Parameters, gradients) -> Parameters:
             "or another recording of it); take them from a run of the network these parameters serve"
         )
     return gradients
-
-
-def _rate(owner: str, lr) -> float:
-    """A learning rate: a finite number > 0 (inf, nan, a string or None would train to garbage or crash)."""
-    try:
-        return real(owner, "lr", lr, low=0.0, low_open=True)
-    except ArgumentError:
-        raise ArgumentError(
-            f"{owner}: the learning rate lr must be positive and finite (a number such as 1e-3), got "
-            f"{type(lr).__name__} {lr!r}"
-        ) from None
 
 
 def _check_state(optimizer: Optimizer, state, parameters: Parameters, dtypes) -> None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .element import convert
-from .errors import ArgumentError, DifferentiationError, FeedError, SymbolError
+from .errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError
 from .network import source_name
 
 
@@ -125,13 +124,25 @@ def sgd(tape, adjoints, learning_rate) -> Updates:
     ``learning_rate`` is a number (recorded as a leaf) or a rank-0 Value
     (for example an input, so a schedule can feed it per step).
     """
+    from .differentiate import open_pairs
+    from .nn.arguments import positive_rate, rate_as  # the optimizers' checks; nn loads after the core
+
+    recorded = open_pairs("sgd", adjoints, tape)
+    if hasattr(learning_rate, "symbol"):
+        if learning_rate.shape != ():
+            raise ShapeError(
+                f"sgd: the learning rate {learning_rate.symbol!r} has shape {list(learning_rate.shape)}; "
+                "pass a number or a rank-0 Value"
+            )
+    else:
+        learning_rate = positive_rate("sgd", learning_rate)
     pairs = []
-    for parameter, gradient in adjoints.pairs():
+    for parameter, gradient in recorded:
         if tape._opcodes[parameter._index].name != "parameter":
             raise DifferentiationError(f"sgd: {parameter.symbol!r} is not a parameter")
         if hasattr(learning_rate, "symbol"):
             rate = learning_rate if gradient.shape == () else learning_rate.broadcast(gradient.shape)
         else:
-            rate = tape.leaf(convert(np.full(gradient.shape, learning_rate, dtype=np.float64), gradient.dtype))
+            rate = tape.leaf(np.full(gradient.shape, rate_as("sgd", learning_rate, gradient.dtype), gradient.dtype))
         pairs.append((parameter, parameter - rate * gradient))
     return Updates(pairs)

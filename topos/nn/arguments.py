@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from topos import ELEMENTS, ArgumentError
+from topos.element import convert_checked
 
 
 def _is_int(value: object) -> bool:
@@ -52,6 +53,32 @@ def real(owner: str, name: str, value: object, *, low: float | None = None, high
     if not inside:
         raise ArgumentError(f"{owner}: {name} must be {_range(low, high, low_open, high_open)}, got {_shown(value)}")
     return number
+
+
+def flag(owner: str, name: str, value: object) -> bool:
+    """``value`` as a bool, or an ArgumentError: a string such as ``"no"`` is truthy and would switch it on."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{owner}: {name} must be True or False, got {_shown(value)}")
+    return bool(value)
+
+
+def positive_rate(owner: str, lr: object) -> float:
+    """A learning rate: a finite number > 0 (inf, nan, a string or None would train to garbage or crash)."""
+    try:
+        return real(owner, "lr", lr, low=0.0, low_open=True)
+    except ArgumentError:
+        raise ArgumentError(
+            f"{owner}: the learning rate lr must be positive and finite (a number such as 1e-3), got "
+            f"{type(lr).__name__} {lr!r}"
+        ) from None
+
+
+def rate_as(owner: str, lr: float, dtype: np.dtype) -> np.ndarray:
+    """A checked rate in a parameter's element type; one too large for it is refused, not made inf."""
+    array, overflow = convert_checked(np.float64(lr), dtype)
+    if overflow is not None:
+        raise ArgumentError(f"{owner}: the learning rate lr = {overflow}; pick a rate the parameters' type can hold")
+    return array
 
 
 def element(owner: str, dtype: object) -> np.dtype:
@@ -130,4 +157,4 @@ def _shown(value: object) -> str:
     )
 
 
-__all__ = ["broadcasts", "element", "initial", "real", "size", "size_list", "sizes"]
+__all__ = ["broadcasts", "element", "flag", "initial", "positive_rate", "rate_as", "real", "size", "size_list", "sizes"]
