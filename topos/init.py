@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -94,7 +95,21 @@ def _interval(low: object, high: object) -> tuple[float, float]:
     low, high = _finite(low, "low"), _finite(high, "high")
     if not low < high:
         raise ArgumentError(f"low must be below high, got low={low!r}, high={high!r}")
+    if not math.isfinite(high - low):  # a uniform is low + (high - low) * u, computed in float64
+        raise ArgumentError(f"high - low must be finite in float64, got low={low!r}, high={high!r}; narrow the range")
     return low, high
+
+
+def _rounded(x64: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``round_once``, refusing draws the element type cannot hold: they would become inf without a word."""
+    rounded = refmath.round_once(x64, dtype)
+    if not np.isfinite(rounded).all():
+        largest = float(ml_dtypes.finfo(dtype).max)
+        raise ArgumentError(
+            f"values as large as {float(np.abs(x64).max()):.6g} do not fit {dtype.name}, whose largest is "
+            f"{largest:.6g}; choose bounds, a mean or a std within it"
+        )
+    return rounded
 
 
 def _std(std: object, positive: bool = False) -> float:
@@ -165,6 +180,9 @@ def _drawing(method):
         position = self._position
         try:
             return method(self, *args, **kwargs)
+        except ArgumentError:  # a refused draw takes nothing from the stream
+            self._position = position
+            raise
         except MemoryError as error:
             self._position = position
             what = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
@@ -251,14 +269,14 @@ class Generator:
         """Values uniform in [low, high): ``low + (high - low) * u`` in float64, rounded once."""
         shape, dtype, (low, high) = _shape(shape), _element(dtype), _interval(low, high)
         u = _unit(self._words(2 * math.prod(shape)))
-        return _frozen(refmath.round_once(low + (high - low) * u, dtype).reshape(shape))
+        return _frozen(_rounded(low + (high - low) * u, dtype).reshape(shape))
 
     @_drawing
     def normal(self, shape: Shape, mean: float = 0.0, std: float = 1.0, dtype: DTypeLike = float32) -> np.ndarray:
         """Normal values ``mean + std * z``, z by Box-Muller (see the module docstring for the order)."""
         shape, dtype, mean, std = _shape(shape), _element(dtype), _finite(mean, "mean"), _std(std)
         z = self._normal64(math.prod(shape))
-        return _frozen(refmath.round_once(mean + std * z, dtype).reshape(shape))
+        return _frozen(_rounded(mean + std * z, dtype).reshape(shape))
 
     @_drawing
     def truncated_normal(
@@ -286,7 +304,7 @@ class Generator:
             inside = values[(values >= low) & (values <= high)][:need]
             kept.append(inside)
             need -= inside.size
-        return _frozen(refmath.round_once(np.concatenate(kept), dtype).reshape(shape))
+        return _frozen(_rounded(np.concatenate(kept), dtype).reshape(shape))
 
     @_drawing
     def dropout_mask(self, shape: Shape, p: float, dtype: DTypeLike = float32) -> np.ndarray:
@@ -339,7 +357,17 @@ class Generator:
 
 def dropout_mask(generator: Generator, shape: Shape, p: float, dtype: DTypeLike = float32) -> np.ndarray:
     """An inverted-dropout mask from ``generator``: each element 0 with probability p, else 1 / (1 - p)."""
-    return generator.dropout_mask(shape, p, dtype)
+    return checked_generator("dropout_mask", generator).dropout_mask(shape, p, dtype)
+
+
+def checked_generator(owner: str, generator: object) -> Generator:
+    """``generator`` if it is a topos.init.Generator; else an ArgumentError naming ``owner`` and what came."""
+    if not isinstance(generator, Generator):
+        raise ArgumentError(
+            f"{owner}: pass a topos.init.Generator (e.g. topos.init.Generator(seed)), got "
+            f"{type(generator).__name__} {generator!r}"
+        )
+    return generator
 
 
 # --------------------------------------------------------------------------
@@ -375,7 +403,7 @@ class Initializer:
 
 def _filled(name: str, arguments: tuple, value: float) -> Initializer:
     def fill(generator, shape, dtype):
-        return _frozen(refmath.round_once(np.full(shape, value), dtype))
+        return _frozen(_rounded(np.full(shape, value), dtype))
 
     return Initializer(name, arguments, fill)
 
@@ -434,6 +462,9 @@ _NONLINEARITIES = (*_GAINS, "leaky_relu")
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     """The scale torch.nn.init recommends for weights feeding ``nonlinearity`` (param: leaky_relu's slope)."""
+    if not isinstance(nonlinearity, str):
+        raise ArgumentError(f"nonlinearity must be a name such as 'relu', got {type(nonlinearity).__name__} "
+                            f"{nonlinearity!r}")
     if nonlinearity == "leaky_relu":
         slope = 0.01 if param is None else _finite(param, "param (the negative slope)")
         return math.sqrt(2.0 / (1 + slope * slope))
@@ -442,9 +473,17 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     return _GAINS[nonlinearity]
 
 
+def _gain(gain: object, positive: bool) -> float:
+    """A scale checked where it is given, rather than as the bounds or std it becomes."""
+    gain = _finite(gain, "gain")
+    if gain < 0 or (positive and gain == 0):
+        raise ArgumentError(f"gain must be {'positive' if positive else 'non-negative'}, got {gain!r}")
+    return gain
+
+
 def xavier_uniform(gain: float = 1.0) -> Initializer:
     """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out))."""
-    gain = _finite(gain, "gain")
+    gain = _gain(gain, positive=True)
 
     def draw(g: Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         bound = gain * math.sqrt(6.0 / sum(fans(shape)))
@@ -455,7 +494,7 @@ def xavier_uniform(gain: float = 1.0) -> Initializer:
 
 def xavier_normal(gain: float = 1.0) -> Initializer:
     """Glorot normal: N(0, std**2) with std = gain * sqrt(2 / (fan_in + fan_out))."""
-    gain = _finite(gain, "gain")
+    gain = _gain(gain, positive=False)
 
     def draw(g: Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return g.normal(shape, 0.0, gain * math.sqrt(2.0 / sum(fans(shape))), dtype)

@@ -385,7 +385,17 @@ class AdamW(Adam):
 # ---- helpers ---------------------------------------------------------------------------------
 
 
+def _table(parameters: Parameters) -> Parameters:
+    if not isinstance(parameters, Parameters):
+        raise FeedError(
+            f"{user_site()}: optimizers step a Parameters table (network.parameters(), or one a step returned), "
+            f"got {type(parameters).__name__}; a dict of arrays becomes one with network.parameters(mapping)"
+        )
+    return parameters
+
+
 def _trainable(parameters: Parameters) -> Iterable[tuple[str, np.ndarray]]:
+    parameters = _table(parameters)
     return [(name, parameters[name]) for name in parameters.names() if parameters.trainable(name)]
 
 
@@ -394,6 +404,7 @@ def _dtypes(parameters: Parameters) -> list:
 
 
 def _aligned_gradients(parameters: Parameters, gradients) -> Parameters:
+    parameters = _table(parameters)
     if isinstance(gradients, Gradients):
         try:
             gradients = gradients.parameters(parameters)

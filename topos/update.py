@@ -10,6 +10,8 @@ transforms; this is the in-graph spelling of the same rule.)
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from .errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError
@@ -22,7 +24,18 @@ class Updates:
     __slots__ = ("_pairs",)
 
     def __init__(self, pairs):
-        self._pairs = tuple(pairs)
+        try:
+            self._pairs = tuple((p, new) for p, new in pairs)
+        except (TypeError, ValueError):
+            raise ArgumentError(
+                f"Updates takes (parameter, next value) pairs, got {type(pairs).__name__} {pairs!r}"
+            ) from None
+        counts = Counter(getattr(p, "symbol", p) for p, _ in self._pairs)
+        twice = [slot for slot, count in counts.items() if count > 1]
+        if twice:
+            raise DifferentiationError(
+                f"slots {twice} are updated twice; each parameter or state slot takes one next value per step"
+            )
 
     def pairs(self) -> tuple:
         return self._pairs
@@ -45,13 +58,7 @@ class Updates:
         """Both sets of pairs (an optimizer's and a module's running statistics, say); a slot twice is an error."""
         if not isinstance(other, Updates):
             return NotImplemented
-        mine = {getattr(p, "symbol", p) for p, _ in self._pairs}
-        twice = [getattr(p, "symbol", p) for p, _ in other._pairs if getattr(p, "symbol", p) in mine]
-        if twice:
-            raise DifferentiationError(
-                f"slots {twice} are updated twice; each parameter or state slot takes one next value per step"
-            )
-        return Updates(self._pairs + other._pairs)
+        return Updates(self._pairs + other._pairs)  # which refuses a slot in both
 
     def apply(self, parameters, run):
         """The next table: each updated slot takes its next value from ``run`` (any run that computed them).

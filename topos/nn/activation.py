@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from topos import ArgumentError, Recordable, ShapeError
 from topos.provenance import user_site
 
@@ -17,7 +19,10 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def resolve_axis(x: Recordable, axis: int, what: str = "axis") -> int:
     """A non-negative axis of ``x``, or a ShapeError at the user's line."""
     rank = len(x.shape)
-    if not isinstance(axis, int) or not -rank <= axis < rank:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise ArgumentError(f"{user_site()}: {what} must be an int, got {type(axis).__name__} {axis!r}")
+    axis = int(axis)
+    if not -rank <= axis < rank:
         raise ShapeError(
             f"{user_site()}: {what} {axis!r} is out of range for shape {list(x.shape)}; "
             f"use -{rank}..{rank - 1}" if rank else f"{user_site()}: a rank-0 tensor has no {what}"

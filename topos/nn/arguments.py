@@ -9,6 +9,7 @@ or a division.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Sequence
 
 import numpy as np
@@ -118,6 +119,12 @@ def initial(label: str, initializer, generator, shape: tuple[int, ...], dtype) -
         raise ArgumentError(
             f"{owner}: init must be an initializer from topos.init (a callable (generator, shape, dtype) -> "
             f"array), got {_shown(initializer)}"
+        )
+    if isinstance(initializer, types.FunctionType) and initializer.__module__ == "topos.init":
+        # init.zeros rather than init.zeros(): the factory would be called as the initializer and fail inside
+        raise ArgumentError(
+            f"{owner}: init=init.{initializer.__name__} is the factory of an initializer, not one; call it: "
+            f"init=init.{initializer.__name__}(...) (e.g. init.zeros(), init.normal(std=0.02))"
         )
     array = initializer(generator, shape, dtype)
     expected = f"{np.dtype(dtype).name} {list(shape)}"

@@ -141,6 +141,7 @@ def batch_norm(
     with the biased variance (divided by the batch size). The statistics are
     returned so a caller can keep running averages or declare them as results.
     """
+    eps = arguments.real("batch_norm", "eps", eps, low=0.0)
     _check_features("batch_norm", x, scale=scale, shift=shift)
     batch = x.shape[0]
     mean = x.mean_along(0)
@@ -161,6 +162,7 @@ def batch_norm_inference(
     eps: float = 1e-5,
 ) -> Recordable:
     """Batch normalization with supplied statistics (inference form) over ``[batch, features]``."""
+    eps = arguments.real("batch_norm_inference", "eps", eps, low=0.0)
     _check_features("batch_norm_inference", x, mean=mean, variance=variance, scale=scale, shift=shift)
     batch = x.shape[0]
     centered = x - _along_batch(mean, batch)

@@ -353,6 +353,12 @@ class Dropout(Module):
         self.p = real(type(self).__name__, "p", p, low=0.0, high=1.0, high_open=True)
 
     def forward(self, x):
+        self.check_input(x, None)
+        if isinstance(x.dtype, SelectionType):
+            raise ShapeError(
+                f"{user_site()}: {self._label()} masks float values, but the input {list(x.shape)} is {x.dtype}, "
+                "a selection (indices); drop out the values the indices pick (an embedding's output) instead"
+            )
         key = "mask" if not self._inputs else f"mask.{len(self._inputs)}"
         mask = self.record_input(key, np.ones(x.shape, x.dtype))
         return F.dropout(x, mask)
@@ -362,6 +368,7 @@ class Dropout(Module):
         return list(self._inputs.values())
 
     def mask_feeds(self, generator) -> dict:
+        initializers.checked_generator(f"{self._label()}.mask_feeds", generator)
         return {mask.symbol: generator.dropout_mask(mask.shape, self.p, mask.dtype) for mask in self.masks()}
 
     @property

@@ -13,6 +13,8 @@ import numpy as np
 from topos import ArgumentError, Recordable, SelectionType, ShapeError
 from topos.provenance import user_site
 
+from .arguments import size
+
 _REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -33,6 +35,8 @@ def cross_entropy(logits: Recordable, target: Recordable, reduction: str = "mean
     when ``ignore_index`` is ``C`` (an index just past the classes).
     """
     _check_reduction(reduction)
+    if ignore_index is not None:
+        ignore_index = size("cross_entropy", "ignore_index", ignore_index, least=0)
     site = user_site()
     if logits.ndim != 2:
         raise ShapeError(

@@ -30,7 +30,7 @@ from typing import cast
 
 import numpy as np
 
-from topos import ArgumentError, RecordingError, ShapeError, Tape, Updates, Value
+from topos import ArgumentError, RecordingError, SelectionType, ShapeError, Tape, Updates, Value
 from topos.provenance import user_site
 
 
@@ -247,13 +247,9 @@ class Module:
 
     def dropout_feeds(self, generator) -> dict:
         """Fresh masks for every Dropout in this tree: {mask input Symbol: array} to merge into feeds."""
-        from topos.init import Generator
+        from topos.init import checked_generator
 
-        if not isinstance(generator, Generator):
-            raise ArgumentError(
-                f"{type(self).__name__}.dropout_feeds: pass a topos.init.Generator (e.g. "
-                f"topos.init.Generator(seed)), got {type(generator).__name__} {generator!r}"
-            )
+        checked_generator(f"{type(self).__name__}.dropout_feeds", generator)
         feeds: dict = {}
         for module in self.modules():
             feeds.update(module.mask_feeds(generator))
@@ -316,6 +312,12 @@ class Module:
                 f"{user_site()}: {self._label()} expects {features} {what} along the {where}, "
                 f"but the input {list(x.shape)} has {got}; build the module with {got} {what}, or "
                 "reshape the input"
+            )
+        if dtype is not None and isinstance(x.dtype, SelectionType):
+            raise ShapeError(
+                f"{user_site()}: {self._label()} holds {np.dtype(dtype).name} parameters but the input "
+                f"{list(x.shape)} is {x.dtype}, a selection (indices); embed the indices first (nn.Embedding), "
+                f"or record the input as {np.dtype(dtype).name} values"
             )
         if dtype is not None and x.dtype != dtype:
             raise ShapeError(

@@ -21,6 +21,10 @@ def linear(x: Recordable, weight: Recordable, bias: Recordable | None = None) ->
     A rank-2 ``x`` is ``[rows, in]``; any other rank is flattened to rows
     and back, so ``[batch, time, in]`` gives ``[batch, time, out]``.
     """
+    if weight.ndim != 2:
+        raise ShapeError(
+            f"{user_site()}: linear: weight {list(weight.shape)} must be rank 2, [out_features, in_features]"
+        )
     out_features, in_features = weight.shape
     if x.ndim == 0 or x.shape[-1] != in_features:
         raise ShapeError(
@@ -76,9 +80,10 @@ def rms_norm(x: Recordable, weight: Recordable | None = None, eps: float | None 
     ``eps`` defaults to the machine epsilon of the element type, as
     ``torch.nn.RMSNorm`` does.
     """
+    square = x * x  # first: a selection is refused here, by the opcode, before finfo would choke on it
     eps = float(ml_dtypes.finfo(x.dtype).eps) if eps is None else real("rms_norm", "eps", eps, low=0.0)
     _check_affine("rms_norm", x, weight=weight)
-    y = x / (_last_axis_mean(x * x) + eps).sqrt()
+    y = x / (_last_axis_mean(square) + eps).sqrt()
     return y if weight is None else y * weight.broadcast_to(x.shape)
 
 
