@@ -38,7 +38,7 @@ from topos.copies import own
 from topos.element import Selection, SelectionType, convert
 from topos.errors import FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
-from topos.plan.plan import spec_bytes
+from topos.opcodes.base import spec_bytes
 from topos.provenance import user_site
 
 from .cache import CompileCache, cache_for, plan_key
@@ -311,6 +311,15 @@ def module_flags(plan, chosen: Target, cpu: str, data_tiling: bool | None,
                      largest_product=largest)
 
 
+def check_switches(error: Callable[[str], Exception], by_size: tuple[str, ...] = (), **switches) -> None:
+    """Refuse a switch that is not a bool (or None, for those ``by_size`` decides): "no" is truthy, so it would
+    switch it on (and ``export(force="no")`` would delete a folder)."""
+    for name, value in switches.items():
+        if not isinstance(value, bool) and not (value is None and name in by_size):
+            raise error(f"{name}={value!r}: pass " + ("True, False or None (decide by size)" if name in by_size
+                                                      else "True or False"))
+
+
 def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None, *,
                  cache: CompileCache | bool | str | os.PathLike | None = True, cpu: str = "host",
                  data_tiling: bool | None = None, rewrite=None, frozen=None,
@@ -338,9 +347,8 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     """
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
-    for name, value in (("data_tiling", data_tiling), ("transient_storage", transient_storage)):
-        if value is not None and not isinstance(value, bool):  # "no" is truthy: it would switch it on
-            raise TargetError(f"{name}={value!r}: pass True, False or None (decide by size)")
+    check_switches(TargetError, ("data_tiling", "transient_storage"), data_tiling=data_tiling,
+                   transient_storage=transient_storage)
     if isinstance(frozen, bool):
         raise FeedError(f"compile(frozen={frozen}): frozen takes the Parameters table to freeze, such as "
                         "frozen=network.parameters() or a trained table; leave it out to pass parameters per call")
@@ -1034,7 +1042,7 @@ class _Input(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype  # int64 for a selection
     rows: int  # a selection's table rows, every index below it; 0 for numbers
-    number: float  # rank 0 and not a selection: a Python float within +-number may feed it; else 0.0
+    number: float  # rank 0 and not a selection: a Python float strictly within +-number may feed it; else 0.0
 
 
 @dataclass(frozen=True)
@@ -1101,7 +1109,9 @@ def _bind_common(inputs: _Inputs, feeds) -> list | None:
                 if not rows or value.extent > rows or value.indices.shape != shape:
                     return None
                 value = value.indices
-            elif type(value) is not float or not -number <= value <= number:  # NaN, inf: bind_feeds takes them
+            elif type(value) is not float or not -number < value < number:
+                # Strict, so that number 0.0 (a selection, or an input of rank > 0) admits no float, not 0.0 and
+                # -0.0; NaN, inf, and a float at the largest finite value go to bind_feeds too.
                 return None
             if values[slot] is not None:
                 return None  # fed twice, by its Symbol and by its name: bind_feeds says so

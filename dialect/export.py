@@ -60,6 +60,7 @@ from topos.errors import AtTheUsersLine
 from .compiled import (
     CompiledPlan,
     _compile,
+    check_switches,
     entry_parameters,
     frozen_values_of,
     lowered,
@@ -103,6 +104,10 @@ def export_plan(plan, directory, target_name: str = "llvm-cpu", *, parameters=No
     """
     from topos import Numerics, Parameters
 
+    if not isinstance(directory, (str, os.PathLike)):
+        raise ExportError(f"export writes into a folder: pass its path (a str or a pathlib.Path), such as "
+                          f"plan.export('artifact'); got {type(directory).__name__} {directory!r}")
+    check_switches(ExportError, ("data_tiling",), force=force, data_tiling=data_tiling)
     if isinstance(frozen, Parameters):  # compile(frozen=table)'s spelling: the table is what to freeze
         if parameters is not None and parameters is not frozen:
             raise ExportError("export got two tables, parameters= and frozen=; pass the one to freeze "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from iree.compiler import ir, passmanager
 
 from topos.errors import ArgumentError
+from topos.opcodes.base import MAX_BYTES
 
 from .diagnostics import Diagnostic, DialectError, one_line, python_location
 from .ops import NODE, verify_module
@@ -463,9 +464,6 @@ def verify_or_raise(module, after: str | None = None) -> None:
     problems = structural_problems(module) or verify_module(module)
     if problems:
         raise PassFailure(problems)
-
-
-MAX_BYTES = 2**63 - 1  # what a 64-bit size (NumPy's, MLIR's element count) can count
 
 
 def structural_problems(module) -> list[Diagnostic]:

@@ -494,6 +494,27 @@ def test_vjp_seed_of_the_wrong_shape_is_named():
         tape.vjp(x * 2.0, np.ones(3), [x])
 
 
+def test_a_refused_vjp_seed_leaves_the_tape_as_it_was():
+    tape = Tape()
+    x = tape.parameter(np.ones((2, 3)))
+    y = x * 2.0
+    length, before = len(tape), tape.describe()
+    for seed in (np.ones(3), np.ones((2, 3), np.float32)):  # the wrong shape, then the wrong element type
+        with pytest.raises(DifferentiationError, match="seed"):
+            tape.vjp(y, seed, [x])
+    assert len(tape) == length and tape.describe() == before
+
+
+def test_a_vjp_of_a_selection_says_selections_have_no_derivative():
+    tape = Tape()
+    picks = tape.input(topos.selection([0, 1], 2))
+    w = tape.parameter(np.ones(2))
+    for seed in ([1, 1], np.ones(2), None):
+        with pytest.raises(DifferentiationError, match=r"target %0 is a selection .*no derivative"):
+            tape.vjp(picks, seed, [w])
+    assert len(tape) == 2
+
+
 def test_vjp_seed_of_another_element_type_or_out_of_range_is_refused_not_narrowed():
     def seeded(seed):
         def model(tape):

@@ -202,6 +202,22 @@ def broadcast_along_zero_copies():
     record(lambda t: v(t).broadcast_along(0, 0))
 
 
+@case(ShapeError, r"broadcast_along: the result's shape \[9223372036854775808, 2, 3\] f32", r"about 2\*\*67 bytes",
+      r"2\*\*63 - 1")
+def broadcast_along_to_more_bytes_than_any_array_holds():
+    record(lambda t: v(t).broadcast_along(0, 2**63))
+
+
+@case(ShapeError, r"pad: the result's shape \[2, 18446744073709551616\] f32", "more than any array can")
+def padding_to_more_bytes_than_any_array_holds():
+    record(lambda t: v(t).pad(1, 0, 2**64))
+
+
+@case(ShapeError, r"broadcast: the result's shape \[2147483648, 2147483648\] f32", "record a smaller shape")
+def broadcasting_a_number_to_more_bytes_than_any_array_holds():
+    record(lambda t: v(t).sum().broadcast((2**31, 2**31)))
+
+
 @case(ShapeError, "broadcast_to", r"\[2, 3\] cannot broadcast to \[3, 3\]", "trailing axes")
 def broadcast_to_an_incompatible_shape():
     record(lambda t: v(t).broadcast_to((3, 3)))
@@ -411,6 +427,40 @@ def an_input_with_neither_default_nor_shape():
     record(lambda t: t.input())
 
 
+@case(ShapeError, r"parameter: a selection \(index<2>, shape \[2\]\) cannot be a parameter",
+      r"tape\.input\(selection\)", r"tape\.leaf\(selection\)")
+def a_selection_as_a_parameter():
+    record(lambda t: t.parameter(selection([0, 1], extent=2)))
+
+
+for _extent in (2.7, True, "3", float("nan")):
+    def _declared_extent(extent=_extent):
+        record(lambda t: t.input(shape=(3,), extent=extent))
+    _declared_extent.__name__ = f"an_input_declared_with_extent_{_extent!r}"
+    case(ShapeError, "selection extent must be a positive integer", re.escape(f"got {_extent!r}"))(_declared_extent)
+
+
+@case(ShapeError, r"input: dtype='foo' is not an element type", "float32, float64 or ml_dtypes.bfloat16")
+def an_input_declared_with_an_unknown_dtype():
+    record(lambda t: t.input(shape=(3,), dtype="foo"))
+
+
+@case(ShapeError, r"input: shape \[4294967296, 4294967296\] f32 would hold about 2\*\*66 bytes",
+      "more than any array can")
+def an_input_declared_larger_than_any_array():
+    record(lambda t: t.input(shape=(2**32, 2**32)))
+
+
+@case(ArgumentError, "tape.parameter: trainable must be True or False, got 'no'")
+def a_parameter_with_trainable_no():
+    record(lambda t: t.parameter(np.ones(2), trainable="no"))
+
+
+@case(ArgumentError, "tape.input: required must be True or False, got 'no'")
+def an_input_with_required_no():
+    record(lambda t: t.input(np.ones(2), required="no"))
+
+
 @case(SymbolError, "not a valid name", "blocks.0.attn")
 def a_name_with_a_space():
     record(lambda t: t.parameter(np.ones(2), name="my weight"))
@@ -521,6 +571,12 @@ def reading_an_input_from_a_parameter_table():
 @case(SymbolError, "no parameter or input is named 'y'", "the names are: w, x")
 def looking_up_an_unknown_name():
     _small()[0].named("y")
+
+
+@case(SymbolError, "Symbols are not pickled", r"network\.named\(name\)", "topos.checkpoint")
+def pickling_a_symbol():
+    network, (w, x, loss) = _small()
+    pickle.dumps({"loss": loss})
 
 
 # ---- feeds -------------------------------------------------------------------------------------------
@@ -667,6 +723,13 @@ def a_vjp_seed_of_the_wrong_shape():
     record(build)
 
 
+@case(DifferentiationError, r"the target %\d+ is a selection \(\[2\] index<2>", "no derivative")
+def a_vjp_of_a_selection():
+    def build(t):
+        t.vjp(t.input(selection([0, 1], 2)), [1, 1], [t.parameter(np.ones(2, F32))])
+    record(build)
+
+
 @case(DifferentiationError, "backward needs a rank-0 target", r"\.sum\(\)")
 def backward_from_a_tensor():
     network, (w, x, loss) = _small()
@@ -719,6 +782,31 @@ def raising_a_fusion_kind_that_does_not_exist():
     pytest.importorskip("iree.compiler")
     network, (w, x, loss) = _small()
     network.entry([loss]).lower().emit_stablehlo(kinds=["conv"])
+
+
+@case(PlanError, r"uncounted= takes node indices or Symbols", r"got int 5", r"\[5\]")
+def a_working_peak_of_one_node_not_in_a_list():
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().working_peak(5)
+
+
+@case(PlanError, r"emit_stablehlo\(kinds=...\) is int 5", "comma-separated str")
+def raising_fusion_kinds_given_as_a_number():
+    pytest.importorskip("iree.compiler")
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().emit_stablehlo(kinds=5)
+
+
+@case(ArgumentError, "emit_mlir: debug_info must be True or False, got 'no'")
+def emitting_mlir_with_debug_info_no():
+    network, (w, x, loss) = _small()
+    network.entry([loss]).lower().emit_mlir(debug_info="no")
+
+
+@case(ArgumentError, r"emit_mlir\(entry=...\) takes an Entry of this network", r"network\.entry\(\[loss\]\)", "int 5")
+def emitting_mlir_of_an_entry_that_is_a_number():
+    network, _ = _small()
+    network.emit_mlir(entry=5)
 
 
 # ---- facades -----------------------------------------------------------------------------------------

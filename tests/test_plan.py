@@ -453,3 +453,23 @@ def test_numerics_and_kernel_names_are_checked_not_read_as_none():
     ]:
         with pytest.raises(ArgumentError, match=match):
             call()
+
+
+def test_a_registered_kernel_that_leaves_the_nodes_spec_is_named_at_run_time():
+    import topos
+    from topos import Fidelity, ToposError
+
+    def narrowing_add(a, b):
+        out = np.add(a, b)
+        return out if a.shape == (2,) else out[:, :1].astype(np.float64)  # its one example is all it gets right
+
+    x = np.array([1.0, 2.0], np.float32)
+    topos.register_kernel("add", narrowing_add, Fidelity.IDENTICAL, examples=[((x, x), {})])
+    try:
+        network, total = Tape.record(lambda t: t.input(np.ones((3, 2), np.float32)) + np.float32(1.0))
+        with pytest.raises(ToposError, match=r"narrowing_add registered for add .* returned \[3, 1\] f64 for %2 "
+                                             r"\(recorded at .*test_plan\.py.*whose spec is \[3, 2\] f32"):
+            network.entry([total], numerics=Numerics.EXACT).lower().forward(network.parameters())
+    finally:
+        topos.unregister_kernel("add")
+    assert network.entry([total], numerics=Numerics.EXACT).lower().forward(network.parameters())[total].shape == (3, 2)

@@ -497,3 +497,39 @@ def test_record_is_deterministic_for_the_same_function():
     assert first.describe() == second.describe()
     assert first.family is not second.family
     assert math.isfinite(float(first.forward(first.parameters())[first.symbol(len(first) - 1)]))
+
+
+def test_a_declared_input_allocates_nothing_of_its_shape():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        network, (x, rows) = Tape.record(lambda t: (t.input(shape=(4096, 4096)), t.input(shape=(4096, 4096), extent=7)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"recording two required 16M-element inputs took {peak} bytes"
+    nodes = [network.node(s) for s in (x, rows)]
+    assert [(n.shape, str(n.dtype), n.role) for n in nodes] == [
+        ((4096, 4096), "float32", "required"), ((4096, 4096), "index<7>", "required")]
+
+
+def test_a_declared_input_that_is_not_required_falls_back_on_zeros():
+    def record(t):
+        x = t.input(shape=(2, 3), dtype=np.float64, required=False)
+        rows = t.input(shape=(2,), extent=3, required=False)
+        return x, rows, x.sum() + t.parameter(np.ones((3, 1))).gather(rows).sum()
+
+    network, (x, rows, out) = Tape.record(record)
+    run = network.forward(network.parameters())
+    assert run[x].dtype == np.float64 and run[x].tolist() == [[0.0] * 3] * 2
+    assert run[rows].tolist() == [0, 0] and run[out] == 2.0
+
+
+def test_symbols_copy_and_deepcopy_as_themselves_and_still_read_runs():
+    import copy
+
+    network, loss = Tape.record(lambda t: t.input(np.ones(3, np.float32), name="x").sum())
+    copied = copy.deepcopy({"loss": loss})["loss"]
+    assert copied == loss and copied.family is loss.family and copy.copy(loss) == loss
+    assert network.forward(network.parameters())[copied] == 3.0

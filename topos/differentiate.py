@@ -325,6 +325,12 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
             )
     t = target_value._index
     spec = tape._specs[t]
+    if not isinstance(spec.dtype, np.dtype):
+        raise DifferentiationError(
+            f"the target {target_value.symbol!r} is a selection ({spec}, recorded at {tape._sites[t]}); "
+            "selections are indices and have no derivative: differentiate a float value computed from them, "
+            "such as the rows a gather picks"
+        )
     if require_scalar and spec.shape != ():
         raise DifferentiationError(
             f"differentiate needs a rank-0 loss, but {target_value.symbol!r} has shape "
@@ -333,16 +339,18 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
         )
     start = len(tape)
     if seed is None:
-        seed_value = tape.leaf(_ones(spec))
+        seed = _ones(spec)
     elif isinstance(seed, Value) or hasattr(seed, "symbol"):
-        seed_value = _on_tape(tape, seed, "seed")
+        seed = _on_tape(tape, seed, "seed")
     else:
-        seed_value = tape.leaf(direction_array(seed, spec.dtype, "the seed", f"the target {target_value.symbol!r}"))
-    if seed_value.shape != spec.shape or seed_value.dtype != spec.dtype:
+        seed = direction_array(seed, spec.dtype, "the seed", f"the target {target_value.symbol!r}")
+    # Checked before an array seed is recorded as a leaf: a refused call leaves the tape as it was.
+    if seed.shape != spec.shape or seed.dtype != spec.dtype:
         raise DifferentiationError(
-            f"the seed has shape {list(seed_value.shape)} {seed_value.dtype}, "
+            f"the seed has shape {list(seed.shape)} {seed.dtype}, "
             f"the target {list(spec.shape)} {spec.dtype}; they must match"
         )
+    seed_value = seed if isinstance(seed, Value) else tape.leaf(seed)
     cotangents = scan(tape, t, seed_value, lambda i: Value(tape, i))
     gradients = []
     for w in wrt_values:

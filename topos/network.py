@@ -16,7 +16,7 @@ import numpy as np
 
 from .copies import is_splat, own, splat_element
 from .element import short_name
-from .errors import SealedError, SymbolError
+from .errors import ArgumentError, SealedError, SymbolError
 from .opcodes import Opcode, Spec
 from .provenance import Site, user_site
 from .symbol import Family, Symbol
@@ -305,9 +305,17 @@ class Network:
 
     def emit_mlir(self, entry=None, debug_info: bool = True) -> str:
         """The topos-dialect text of ``entry``'s closure (default: every node, sinks as results)."""
+        from .plan import Entry
+
         if entry is None:
             read = {j for operands in self._operands for j in operands}
             entry = self.entry([self.symbol(i) for i in range(len(self)) if i not in read])
+        elif not isinstance(entry, Entry) or entry.network.family is not self._family:
+            what = "an Entry of another network" if isinstance(entry, Entry) else f"{type(entry).__name__} {entry!r}"
+            raise ArgumentError(
+                f"emit_mlir(entry=...) takes an Entry of this network, such as network.entry([loss]), or None "
+                f"for every node; got {what}"
+            )
         return entry.lower().emit_mlir(debug_info)
 
     def reopen(self):

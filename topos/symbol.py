@@ -32,6 +32,23 @@ class Family:
     def __repr__(self) -> str:
         return f"family {self.number}"
 
+    # The family is an identity: a copy would be another family, and every Symbol copied with it
+    # would stop naming its network's nodes. So copies (of a dict of Symbols, of Updates) share it.
+    def __copy__(self) -> Family:
+        return self
+
+    def __deepcopy__(self, memo) -> Family:
+        return self
+
+    def __reduce__(self):
+        from .errors import SymbolError
+
+        raise SymbolError(
+            "Symbols are not pickled: a Symbol names a node of a network in this process, and its family "
+            "means nothing in another; save the node's name or index (network.named(name) and "
+            "network.symbol(index) find it again), and write parameters with topos.checkpoint"
+        )
+
 
 @dataclass(frozen=True, eq=True)
 class Symbol:

@@ -17,6 +17,7 @@ from .copies import is_splat, splat, splat_element
 from .element import Selection, SelectionType, is_element, short_name
 from .errors import DifferentiationError, RecordingError, SealedError, ShapeError, SymbolError
 from .opcodes import Opcode, Spec, by_name
+from .opcodes.base import check_size
 from .provenance import Site, user_site
 from .recordable import Recordable
 from .symbol import Family, Symbol
@@ -192,6 +193,15 @@ class Tape:
         between steps like a parameter (optimizer moments, running
         statistics), but refused as a ``wrt`` of ``differentiate``.
         """
+        from .nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
+
+        trainable = flag("tape.parameter", "trainable", trainable)  # "no" is truthy: it would mean yes
+        if isinstance(initial, Selection):  # its slot would hold int64 indices, which no table can carry
+            raise ShapeError(
+                f"{user_site()}: parameter: a selection (index<{initial.extent}>, shape "
+                f"{list(initial.indices.shape)}) cannot be a parameter; selections are indices, not weights: "
+                "feed it per run with tape.input(selection) or record it as a constant with tape.leaf(selection)"
+            )
         value = self._source(_PARAMETER, initial)
         if not trainable:
             self._state.add(value._index)
@@ -207,27 +217,35 @@ class Tape:
         fixes shape and element type and is used when the input is not fed.
         Without one, give ``shape`` and ``dtype`` (float32 by default) or
         ``extent`` (a selection of indices in ``[0, extent)``): the input is
-        *required*, and a run that does not feed it fails. ``required=True``
-        makes an input with a default required too (the default then only
-        fixes the spec).
+        *required*, and a run that does not feed it fails (``required=False``
+        gives it a default of zeros instead). ``required=True`` makes an
+        input with a default required too (the default then only fixes the
+        spec).
         """
+        if required is not None:
+            from .nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
+
+            required = flag("tape.input", "required", required)  # "no" is truthy: it would mean yes
         if default is None:
             if shape is None:
                 raise ShapeError(
                     f"{user_site()}: input: give a default, or shape= with dtype= (or extent= for indices)"
                 )
-            shape = _declared_shape(shape)
-            if extent is not None:
-                default = Selection(np.zeros(shape, np.int64), int(extent))
-            else:
-                default = np.zeros(shape, np.float32 if dtype is None else dtype)
+            site = user_site()
+            spec = _declared_spec(shape, dtype, extent, site)
             required = True if required is None else required
-        elif shape is not None or dtype is not None or extent is not None:
-            raise ShapeError(f"{user_site()}: input: give either a default or shape/dtype/extent, not both")
-        value = self._source(_INPUT, default)
+            if required:  # the spec alone: no default is made, so a shape beyond this machine's memory costs none
+                self._check_open()
+                value = self._push(_INPUT, (), (), spec, site, None)
+            else:
+                value = self._source(_INPUT, _zeros(spec))
+        else:
+            if shape is not None or dtype is not None or extent is not None:
+                raise ShapeError(f"{user_site()}: input: give either a default or shape/dtype/extent, not both")
+            value = self._source(_INPUT, default)
         if required:
             self._required.add(value._index)
-            del self._payloads[value._index]  # a required input has no default to fall back on
+            self._payloads.pop(value._index, None)  # a required input has no default to fall back on
         if name is not None:
             self.name(value, name)
         return value
@@ -432,6 +450,32 @@ def _declared_shape(shape) -> tuple[int, ...]:
     return tuple(int(e) for e in extents)
 
 
+def _declared_spec(shape, dtype, extent, site: Site) -> Spec:
+    """The spec ``input(shape=, dtype=, extent=)`` declares, or a ShapeError naming the argument at fault."""
+    shape = _declared_shape(shape)
+    if extent is not None:
+        extent = Selection(np.zeros(1, np.int64), extent).extent  # topos.selection's own check of the extent
+        spec = Spec(shape, SelectionType(extent))
+    else:
+        try:
+            element = np.dtype(np.float32 if dtype is None else dtype)
+        except (TypeError, ValueError):
+            raise ShapeError(
+                f"{site}: input: dtype={dtype!r} is not an element type; use float32, float64 or "
+                "ml_dtypes.bfloat16 (for integer indices give extent= instead)"
+            ) from None
+        spec = Spec(shape, _element_type(element, "input", site))
+    check_size(spec, f"{site}: input: ")
+    return spec
+
+
+def _zeros(spec: Spec):
+    """A default of zeros for ``spec``: floats as one stored element (a splat), a selection's indices whole."""
+    if isinstance(spec.dtype, SelectionType):
+        return Selection(np.zeros(spec.shape, np.int64), spec.dtype.extent)
+    return splat(np.zeros((), spec.dtype), spec.shape)
+
+
 def _wrt_list(wrt, method: str) -> list:
     """``wrt`` as a list, or a DifferentiationError for the usual slips (a module, an uncalled method)."""
     if hasattr(wrt, "parameters") and callable(wrt.parameters) and hasattr(wrt, "named_parameters"):
@@ -484,16 +528,21 @@ def _payload(value, kind: str, site: Site) -> tuple[np.ndarray, Any]:
             array = _converted(value, kind, site)
             if array.dtype.kind in "iub" and not isinstance(value, np.ndarray):
                 array = array.astype(np.float64)  # a bare Python number or list means float64
-        if not is_element(array.dtype):
-            raise ShapeError(
-                f"{site}: {kind}: element type {array.dtype} is not supported; "
-                "use float32, float64 or ml_dtypes.bfloat16 (integer indices go in topos.selection)"
-            )
-        dtype = array.dtype
+        dtype = _element_type(array.dtype, kind, site)
     if array.size == 0:
         raise ShapeError(f"{site}: {kind}: empty tensors (shape {list(array.shape)}) are not allowed")
     array.flags.writeable = False
     return array, dtype
+
+
+def _element_type(dtype: np.dtype, kind: str, site: Site) -> np.dtype:
+    """``dtype`` if a source may hold it, else a ShapeError naming the element types it may."""
+    if not is_element(dtype):
+        raise ShapeError(
+            f"{site}: {kind}: element type {dtype} is not supported; "
+            "use float32, float64 or ml_dtypes.bfloat16 (integer indices go in topos.selection)"
+        )
+    return dtype
 
 
 def _converted(value, kind: str, site: Site) -> np.ndarray:

@@ -227,6 +227,20 @@ def test_an_existing_folder_is_refused_unless_forced(tmp_path):
         plan.export(tmp_path / "missing" / "step")
 
 
+def test_a_switch_that_is_not_a_bool_or_a_folder_that_is_no_path_is_refused_and_nothing_is_touched(tmp_path):
+    plan = training_step(np.float32)
+    target = tmp_path / "step"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"force='no': pass True or False"):
+        plan.export(target, force="no")  # truthy: it used to replace the folder
+    with pytest.raises(ExportError, match=r"data_tiling='no': pass True, False or None \(decide by size\)"):
+        plan.export(tmp_path / "other", data_tiling="no")
+    with pytest.raises(ExportError, match=r"pass its path \(a str or a pathlib\.Path\).*got NoneType None"):
+        plan.export(None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step"] and (target / "notes.txt").read_text() == "mine"
+
+
 def test_a_cpu_for_another_target_is_refused(tmp_path):
     with pytest.raises(ExportError, match="target cuda takes no cpu: drop cpu="):
         training_step(np.float32).export(tmp_path / "step", "cuda", cpu="host")

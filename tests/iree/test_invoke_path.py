@@ -264,6 +264,28 @@ def test_a_wrong_feed_raises_what_bind_feeds_raises_at_the_callers_line(monkeypa
 _callers_line = re.compile(r"test_invoke_path\.py:\d+ in \w+")
 
 
+def test_a_zero_float_fed_for_an_array_or_an_index_raises_what_the_oracle_raises():
+    """0.0 and -0.0 used to pass the common path's float check for any input: IREE then refused a rank-0
+    buffer for an array, and took it as index 0 for a rank-0 selection."""
+
+    def record(tape):
+        x = tape.input(np.ones((2, 4), np.float32), name="x")
+        row = tape.input(topos.selection(0, 3), name="row")
+        return x.sum() + tape.parameter(np.ones((3, 4), np.float32)).gather(row).sum()
+
+    network, out = Tape.record(record)
+    compiled = network.entry([out]).lower().compile("llvm-cpu")
+    for feeds, message in [({"x": 0.0}, r"expects shape \[2, 4\], got \[\]"), ({"x": -0.0}, r"got \[\]"),
+                           ({"row": 0.0}, "selection indices must be integers"),
+                           ({"row": -0.0}, "selection indices must be integers")]:
+        with pytest.raises(FeedError, match=message) as raised:
+            compiled.forward(network.parameters(), feeds)
+        with pytest.raises(FeedError) as oracle:
+            network.forward(network.parameters(), feeds)
+        assert _callers_line.sub("<line>", str(oracle.value)) == _callers_line.sub("<line>", str(raised.value))
+    assert compiled.forward(network.parameters(), {"row": np.int64(2)})[out] == 12.0
+
+
 def _wrong_feed(which, network, rate) -> dict:
     return {
         "index past the table": {"tokens": np.full((8, 3), 11)},

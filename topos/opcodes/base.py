@@ -9,6 +9,7 @@ backward scan and records them as new nodes in ``differentiate``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +40,26 @@ class Spec:
 
 
 OUTPUT = "output"
+
+# What a 64-bit size (NumPy's, MLIR's element count) can count: no array holds more bytes, so a
+# spec beyond it is refused where it is recorded rather than by NumPy or the MLIR binding later.
+MAX_BYTES = 2**63 - 1
+
+
+def spec_bytes(spec: Spec) -> int:
+    """Bytes of a value of ``spec`` (a selection's indices are int64)."""
+    itemsize = spec.dtype.itemsize if isinstance(spec.dtype, np.dtype) else 8
+    return math.prod(spec.shape) * itemsize  # Python ints: no wrap-around for huge tensors
+
+
+def check_size(spec: Spec, prefix: str) -> None:
+    """A ShapeError, its message starting with ``prefix``, when no array can hold a value of ``spec``."""
+    size = spec_bytes(spec)
+    if size > MAX_BYTES:
+        raise ShapeError(
+            f"{prefix}shape {list(spec.shape)} {short_name(spec.dtype)} would hold about 2**{size.bit_length() - 1} "
+            "bytes, more than any array can (2**63 - 1, what a 64-bit size counts); record a smaller shape"
+        )
 
 
 class Opcode:
@@ -80,6 +101,7 @@ class Opcode:
             raise ShapeError(message) from None
         if any(d < 1 for d in spec.shape):
             raise ShapeError(f"{prefix}{self.name}: result shape {list(spec.shape)} is empty")
+        check_size(spec, f"{prefix}{self.name}: the result's ")
         return spec
 
     def kernel(self, *arrays: np.ndarray, **attributes) -> np.ndarray:

@@ -14,11 +14,15 @@ import contextvars
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
 
-from ..element import compute_type, round_to
+from ..element import compute_type, round_to, short_name
+
+if TYPE_CHECKING:
+    from ..network import Network
 
 
 class Fidelity(enum.Enum):
@@ -198,23 +202,48 @@ def kernel_key(opcode_name: str, attributes) -> str:
     return f"map:{attributes['function']}" if opcode_name == "map" else opcode_name
 
 
-def kernel_for(opcode, attributes: dict, numerics: Numerics) -> Callable:
+def kernel_for(opcode, attributes: dict, numerics: Numerics, node: tuple[Network, int] | None = None) -> Callable:
     """The kernel a plan runs for one node under a posture: the first whose fidelity the posture accepts.
 
     A registered kernel first, then the built-in fast kernel (fidelity
     ENVELOPE), then the reference kernel (IDENTICAL, accepted by both).
+    ``node`` (a network and the index of the node the kernel serves there)
+    holds a registered kernel's every result to that node's spec.
     """
     key = kernel_key(opcode.name, attributes)
     extra = {k: v for k, v in attributes.items() if k != "function"}
     registered = REGISTERED.get(key)
     if registered is not None and numerics.accepts(registered[1]):
         chosen = registered[0]
+        if node is not None:
+            return lambda *arrays: _held_to_spec(chosen(*arrays, **extra), chosen, key, node)
         return lambda *arrays: chosen(*arrays, **extra)
     fast = FAST_KERNELS.get(key)
     if fast is not None and numerics.accepts(Fidelity.ENVELOPE):
         kernel = fast[0]
         return lambda *arrays: kernel(*arrays, **extra)
     return lambda *arrays: opcode.kernel(*arrays, **attributes)
+
+
+def _held_to_spec(result, kernel: Callable, key: str, node: tuple[Network, int]) -> np.ndarray:
+    """``result`` as an array, or a ToposError: its examples checked a registered kernel only on their shapes.
+
+    A result of another shape or element type would flow on into every
+    consumer, and into the values a run hands out, without a word.
+    """
+    out = np.asarray(result)
+    network, n = node
+    spec = network._specs[n]
+    if out.shape != spec.shape or out.dtype != spec.dtype:
+        from ..errors import ToposError
+
+        raise ToposError(
+            f"the kernel {getattr(kernel, '__qualname__', repr(kernel))} registered for {key} (register_kernel) "
+            f"returned {list(out.shape)} {short_name(out.dtype)} for %{n} (recorded at {network._sites[n]}), "
+            f"whose spec is {spec}; a registered kernel must return the reference kernel's shape and element "
+            "type: fix it (and give register_kernel an example of this shape), or remove it with unregister_kernel"
+        )
+    return out
 
 
 def register_kernel(opcode_name: str, kernel: Callable, fidelity: Fidelity, *, examples,

@@ -8,7 +8,6 @@ bits; fusion never reorders float math.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -16,15 +15,10 @@ import numpy as np
 from ..errors import PlanError, SymbolError
 from ..interpret import bind_feeds, bind_parameters, source_value
 from ..network import describe_line, plural
+from ..opcodes.base import spec_bytes
 from ..run import Run
 from .numerics import Numerics, kernel_for
 from .patterns import Candidate, StructureView, discover, elect, pattern
-
-
-def spec_bytes(spec) -> int:
-    """Bytes of a value of ``spec`` (a selection's indices are int64)."""
-    itemsize = spec.dtype.itemsize if isinstance(spec.dtype, np.dtype) else 8
-    return math.prod(spec.shape) * itemsize  # Python ints: no wrap-around for huge tensors
 
 
 class Plan:
@@ -119,6 +113,9 @@ class Plan:
 
     def _nodes_of(self, items: Iterable, role: str) -> list[int]:
         """Node indices of ``items`` (ints or Symbols), each a node of this network: a typo is not silence."""
+        if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+            raise PlanError(f"{role}= takes node indices or Symbols of this network (a list or set of them), got "
+                            f"{type(items).__name__} {items!r}; wrap one in a list: [{items!r}]")
         nodes = []
         for item in items:
             if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
@@ -267,7 +264,9 @@ class Plan:
     def emit_mlir(self, debug_info: bool = True) -> str:
         """This plan as topos-dialect MLIR text: one op per scheduled node, results in declared order."""
         from ..dialect.targets import require_compiler
+        from ..nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
 
+        flag("emit_mlir", "debug_info", debug_info)  # "no" is truthy: it would print every location
         require_compiler("emitting a plan as MLIR")
         from ..dialect.emit import emit_text
 
@@ -340,7 +339,9 @@ class Plan:
         ``stablehlo.convolution``.
         """
         from ..dialect.targets import require_compiler
+        from ..nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
 
+        flag("emit_stablehlo", "debug_info", debug_info)  # "no" is truthy: it would keep every location
         require_compiler("lowering a plan to StableHLO")
         from ..dialect.raising import CONVOLUTION_SPELLINGS
 
@@ -351,6 +352,9 @@ class Plan:
             from .patterns import CATALOG
 
             known = [p.kind for p in CATALOG]
+            if not isinstance(kinds, (str, Iterable)):
+                raise PlanError(f"emit_stablehlo(kinds=...) is {type(kinds).__name__} {kinds!r}; give fusion kinds "
+                                f"as a list or a comma-separated str, among {', '.join(known)}, or None for all")
             names = kinds.split(",") if isinstance(kinds, str) else list(kinds)
             for name in names:
                 if isinstance(name, str) and not name.strip():
@@ -451,7 +455,7 @@ class Kernels:
     def __call__(self, n: int):
         if n not in self._made:
             network = self.network
-            self._made[n] = kernel_for(network._opcodes[n], dict(network._attributes[n]), self.numerics)
+            self._made[n] = kernel_for(network._opcodes[n], dict(network._attributes[n]), self.numerics, (network, n))
         return self._made[n]
 
 
