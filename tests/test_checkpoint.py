@@ -268,3 +268,66 @@ def test_bfloat16_written_by_torch_reads_back_exactly(tmp_path):
     loaded = checkpoint.load(path, network)
     assert loaded["weight"].dtype == BF16
     assert loaded["weight"].view(np.uint16).tobytes() == weights.view(torch.int16).numpy().tobytes()
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+
+def test_save_reads_bfloat16_and_requires_grad_torch_tensors_bit_for_bit(tmp_path):
+    weights = torch.randn(3, 4).to(torch.bfloat16)
+    linear = torch.nn.Linear(2, 2)  # its parameters require grad
+    path = tmp_path / "torch.safetensors"
+    checkpoint.save(path, {"w": weights}, dict(linear.named_parameters()))
+    got = checkpoint.read(path)
+    assert got["w"].dtype == BF16 and got["w"].view(np.uint16).tobytes() == weights.view(torch.int16).numpy().tobytes()
+    assert got["weight"].tobytes() == linear.weight.detach().numpy().tobytes()
+    with pytest.raises(CheckpointError, match=r"torch\.safetensors: tensor 'm' is a Tensor that does not convert to "
+                                              r"a NumPy array .*tensors with data on the CPU"):
+        checkpoint.save(path, {"m": torch.ones(2, device="meta")})
+
+
+@pytest.mark.parametrize("keyed", ["symbol", "position"])
+def test_save_refuses_a_mapping_not_keyed_by_name_pointing_to_named(tmp_path, keyed):
+    network, _ = _mlp()
+    parameters = network.parameters()
+    tables = {"symbol": dict(parameters.items()), "position": {0: np.zeros(2, F32)}}
+    shown = {"symbol": r"Symbol \(%0\)", "position": r"int \(0\)"}[keyed]
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(CheckpointError, match=rf"m\.safetensors: save\(path, mapping\) takes slots by name, but the "
+                                              rf"source is keyed by {shown}; pass table\.named\(\)"):
+        checkpoint.save(path, tables[keyed])
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("optimizer, shown", [(optim.Adam, "the class Adam"), ("params", "a Parameters")],
+                         ids=["class", "table"])
+def test_load_refuses_an_optimizer_that_is_not_an_optimizer_instance(tmp_path, optimizer, shown):
+    network, _ = _mlp()
+    path = tmp_path / "m.safetensors"
+    checkpoint.save(path, network.parameters())
+    optimizer = network.parameters() if optimizer == "params" else optimizer
+    with pytest.raises(CheckpointError, match=rf"optimizer= takes an optimizer instance, such as "
+                                              rf"optim\.Adam\(lr=1e-3\), got {shown}"):
+        checkpoint.load(path, network, optimizer=optimizer)
+
+
+def test_load_checks_the_header_before_reading_and_reads_only_the_wanted_tensors(tmp_path, monkeypatch):
+    network, _ = _mlp()
+    tensors = network.parameters().named()
+    tensors["3.num_batches_tracked"] = np.zeros((), np.int64)
+    path = tmp_path / "m.safetensors"
+    checkpoint.write(path, tensors)
+    asked = []
+    read = checkpoint.read
+
+    def spy(path, names=None):
+        asked.append(None if names is None else sorted(names))
+        return read(path, names)
+
+    monkeypatch.setattr(checkpoint, "read", spy)
+    with pytest.raises(CheckpointError, match="in the file but not in the network: 3.num_batches_tracked"):
+        checkpoint.load(path, network)
+    assert asked == []  # refused from the header alone
+    loaded = checkpoint.load(path, network, ignore=["*.num_batches_tracked"])
+    assert asked == [sorted(network.parameters().names())]
+    assert all(loaded[n].tobytes() == tensors[n].tobytes() for n in loaded.names())

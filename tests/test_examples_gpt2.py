@@ -227,6 +227,44 @@ def test_shapes_that_are_not_a_gpt2_are_a_checkpoint_error(tmp_path):
         hf_gpt2.config_of(path)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000, r"is not a config: its JSON is nested too deeply to read"),
+    ('{"n_layer": ' + "9" * 5000 + "}", r"is not a config: it holds a number of over \d+ digits"),
+], ids=["nested", "long-number"])
+def test_a_config_json_python_cannot_parse_is_a_checkpoint_error_naming_it(text, message, tmp_path):
+    path = write_hf(tmp_path / "model.safetensors", hf_state(TINY), TINY)
+    path.with_name("config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message + r".*put the model's own config\.json there") as caught:
+        hf_gpt2.config_of(path)
+    assert str(path.with_name("config.json")) in str(caught.value)
+
+
+def test_layers_missing_between_the_numbered_ones_are_named_not_recorded(tmp_path):
+    state = {n: t for n, t in hf_state(TINY).items() if not n.startswith("h.1.")}
+    state["h.20000.ln_1.weight"] = torch.ones(TINY.width)  # a stray tensor: 20,001 layers, had it been believed
+    path = write_hf(tmp_path / "model.safetensors", state)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: its tensors name layers up to h\.20000, but "
+                                              r"none of h\.1 to h\.19999; GPT-2's layers are numbered from h\.0"):
+        hf_gpt2.config_of(path)
+    del state["h.20000.ln_1.weight"]
+    state["h.3.ln_1.weight"], state["h.5.ln_1.weight"] = torch.ones(TINY.width), torch.ones(TINY.width)
+    path = write_hf(tmp_path / "model.safetensors", state)
+    with pytest.raises(CheckpointError, match=r"up to h\.5, but none of h\.1 to h\.2, h\.4; GPT-2's"):
+        hf_gpt2.config_of(path)
+
+
+def test_a_file_holding_a_tensor_with_and_without_the_prefix_is_refused(tmp_path):
+    state = hf_state(TINY)
+    path = write_hf(tmp_path / "model.safetensors", {**state, "transformer.wte.weight": state["wte.weight"] * 2})
+    network, _ = record_generation(TINY, draw=False)
+    both = (r"model\.safetensors holds both '(transformer\.)?wte\.weight' and '(transformer\.)?wte\.weight', one "
+            r"GPT-2 tensor twice \(with and without the 'transformer\.' prefix\)")
+    with pytest.raises(CheckpointError, match=both):
+        hf_gpt2.load(path, network, TINY)
+    with pytest.raises(CheckpointError, match=both):
+        hf_gpt2.config_of(path)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"heads": 0}, r"GPT-2 heads must be a positive int, got 0"),
     ({"layers": -1}, r"GPT-2 layers must be a positive int, got -1"),
@@ -402,6 +440,14 @@ def test_a_bad_vocab_json_is_an_example_error_naming_the_entry(case, tmp_path):
     with pytest.raises(ExampleError, match=message) as caught:
         bpe.load(tmp_path)
     assert str(tmp_path / "vocab.json") in str(caught.value) and "GPT-2's" in str(caught.value)
+
+
+def test_a_vocab_json_nested_too_deeply_is_an_example_error_naming_it(tmp_path):
+    _tiny_bpe(tmp_path)
+    (tmp_path / "vocab.json").write_text("[" * 100_000, encoding="utf-8")
+    with pytest.raises(ExampleError, match=r"cannot read the tokenizer from .*vocab\.json: its JSON is nested too "
+                                           r"deeply to be a vocabulary; pass the folder holding GPT-2's"):
+        bpe.load(tmp_path)
 
 
 def test_merges_that_vocab_json_cannot_spell_are_refused_at_load(tmp_path):

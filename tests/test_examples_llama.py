@@ -220,6 +220,18 @@ def test_a_bad_config_json_is_a_checkpoint_error_naming_it(case, tmp_path):
     assert str(path.with_name("config.json")) in str(caught.value)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000, r"is not a config: its JSON is nested too deeply to read"),
+    ('{"num_hidden_layers": ' + "9" * 5000 + "}", r"is not a config: it holds a number of over \d+ digits"),
+], ids=["nested", "long-number"])
+def test_a_config_json_python_cannot_parse_is_a_checkpoint_error_naming_it(text, message, tmp_path):
+    path = write_hf(tmp_path, hf_state(TINY), TINY)
+    path.with_name("config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        hf_llama.config_of(path)
+    assert str(path.with_name("config.json")) in str(caught.value)
+
+
 def test_a_config_without_kv_heads_has_one_per_query_head(tmp_path):
     path = write_hf(tmp_path, hf_state(TINY), TINY)
     for absent in ({"num_key_value_heads": None}, {}):

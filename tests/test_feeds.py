@@ -352,3 +352,36 @@ def test_a_compiled_plan_refuses_the_same_feeds(compiled_named, case):
     with pytest.raises(FeedError):
         compiled.forward(parameters, feeds)
     assert np.array_equal(compiled.forward(parameters, {x: GOOD})[y], network.forward(parameters, {x: GOOD})[y])
+
+
+# ---- Parameters arithmetic: a finite slot made inf or NaN is refused, whatever the number's type ---
+
+
+@pytest.mark.parametrize("operate, shown", [
+    (lambda p: p * 1e39, r"what table \* 1e\+39 gives, 1e\+39 at position \(0, 0\)"),
+    (lambda p: p * np.float64(1e39), r"the float64 value 1e\+39 at position \(0, 0\)"),  # refused before too
+    (lambda p: 1e39 * p, r"what table \* 1e\+39 gives, 1e\+39 at position \(0, 0\)"),
+    (lambda p: p / 1e-45, r"what table / 1e-45 gives, 1\.0\d*e\+45 at position \(0, 0\)"),
+    (lambda p: p * 3e38 + p * 3e38, r"what table \+ table gives, 6\.0\d*e\+38 at position \(0, 0\)"),
+], ids=["python-float", "numpy-float64", "on-the-left", "divide", "add"])
+def test_parameters_arithmetic_that_overflows_the_slot_type_is_a_feed_error(operate, shown):
+    network, _ = Tape.record(lambda tape: tape.parameter(np.ones((4, 3), F32), name="w"))
+    with np.errstate(all="raise"):  # no RuntimeWarning on the way to the error either
+        with pytest.raises(FeedError, match=rf"parameter w is f32, which cannot hold {shown}: f32 holds magnitudes "
+                                            r"up to 3\.40282e\+38 .*scale the value into range, or record the "
+                                            r"parameter with a wider element type"):
+            operate(network.parameters())
+
+
+def test_parameters_arithmetic_keeps_infinities_it_was_given_and_refuses_float64_overflow():
+    network, _ = Tape.record(lambda tape: tape.parameter(np.array([np.inf, 1.0], F32), name="w"))
+    half = network.parameters() * 0.5  # inf * 0.5 is inf: not made by the operation, kept
+    assert np.isinf(half["w"][0]) and half["w"][1] == 0.5
+    wide, _ = Tape.record(lambda tape: tape.parameter(np.array([0.0, 1e300]), name="d"))
+    with pytest.raises(FeedError, match=r"parameter d is f64, and table \* 1e\+300 turns its finite 1e\+300 at "
+                                        r"position \(1,\) into inf; scale the value into range"):
+        wide.parameters() * 1e300
+    zeros, _ = Tape.record(lambda tape: tape.parameter(np.zeros(2, F32), name="z"))
+    with pytest.raises(FeedError, match=r"parameter z is f32, and table \* 1e\+39 turns its finite 0\.0 at "
+                                        r"position \(0,\) into nan"):  # 1e39 is inf in f32, and 0 * inf is NaN
+        zeros.parameters() * 1e39

@@ -175,6 +175,20 @@ def test_a_tensor_on_the_meta_device_is_refused_by_name_and_device():
     assert numpy_array(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # a tensor with data reads as before
 
 
+@pytest.mark.parametrize("swap, tensors, match", [
+    (False, "model.safetensors", r"takes a mapping of slot name -> tensor second, got str; for a file, use "
+                                 r"topos\.checkpoint\.load\(path, network\)"),
+    (False, None, r"takes a mapping of slot name -> tensor second, got NoneType; pass a state_dict-like mapping"),
+    (True, None, r"takes the Network first, got Parameters; the network comes first: "
+                 r"parameters_from\(network, state_dict\)"),
+], ids=["path", "none", "swapped"])
+def test_parameters_from_names_the_argument_it_cannot_take(swap, tensors, match):
+    network, _ = _model(topos.float32)
+    state = {"w": torch.zeros(8, 8)}
+    with pytest.raises(ArgumentError, match=match):
+        parameters_from(network.parameters(), state) if swap else parameters_from(network, tensors)
+
+
 # ---- feeds -------------------------------------------------------------------------------------
 
 

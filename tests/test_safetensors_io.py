@@ -600,3 +600,141 @@ def test_writing_into_a_read_only_folder_is_refused(tmp_path):
             safetensors_io.write(folder / "m.safetensors", {"w": sample("F32")})
     finally:
         folder.chmod(0o700)
+
+
+# ---------------------------------------------------------------- bad input: paths, headers, sizes
+
+
+def test_a_repeated_key_among_thousands_is_found_in_linear_time(tmp_path):
+    import time
+
+    # 32,000 keys took 13.8 s when each key was counted over the whole list; now a few milliseconds.
+    keys = ",".join(f'"k{i}":"v"' for i in range(32_000))
+    path = raw_file(tmp_path / "m.safetensors", '{"__metadata__":{' + keys + "}}")
+    start = time.perf_counter()
+    assert len(safetensors_io.read_metadata(path)) == 32_000
+    assert time.perf_counter() - start < 5.0
+    path = raw_file(tmp_path / "m.safetensors", '{"__metadata__":{' + keys + ',"k31999":"again"}}')
+    with pytest.raises(CheckpointError, match="repeats the key 'k31999'"):
+        safetensors_io.read_metadata(path)
+
+
+def test_a_header_number_too_long_for_python_is_a_damaged_file(tmp_path):
+    path = raw_file(tmp_path / "m.safetensors", '{"a":{"dtype":"F32","shape":[' + "9" * 5000 + '],'
+                                                '"data_offsets":[0,0]}}')
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: the header holds a number of over \d+ digits.*"
+                                              r"damaged or is not a safetensors file"):
+        safetensors_io.read(path)
+
+
+def test_a_path_given_as_bytes_is_read_and_written_like_its_str(tmp_path):
+    path = os.fsencode(tmp_path / "m.safetensors")
+    safetensors_io.write(path, {"w": sample("F32")})
+    assert same_bits(safetensors_io.read(path)["w"], sample("F32"))
+    assert safetensors_io.header(path)["w"].shape == (3, 5)
+
+
+@pytest.mark.parametrize("call", [lambda p: safetensors_io.read(p), lambda p: safetensors_io.header(p),
+                                  lambda p: safetensors_io.write(p, {"w": sample("F32")})],
+                         ids=["read", "header", "write"])
+def test_a_path_holding_a_nul_character_is_refused_by_name(tmp_path, call):
+    with pytest.raises(CheckpointError, match=r"path '.*a\\x00b' holds a NUL character.*remove it"):
+        call(f"{tmp_path}/a\0b")
+    with pytest.raises(CheckpointError, match="holds a NUL character"):
+        call(os.fsencode(f"{tmp_path}/a\0b"))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_reading_a_named_pipe_is_refused_at_once_not_waited_on(tmp_path):
+    import threading
+
+    pipe = tmp_path / "pipe.safetensors"
+    os.mkfifo(pipe)
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(pipe)
+    for path in (pipe, link):
+        failures = []
+
+        def attempt(path=path, failures=failures):
+            try:
+                safetensors_io.read(path)
+            except CheckpointError as error:
+                failures.append(str(error))
+
+        reader = threading.Thread(target=attempt, daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        if reader.is_alive():  # it waits for a writer: give it one, so the test ends
+            with open(pipe, "wb"):
+                pass
+            reader.join(timeout=10)
+            pytest.fail("reading a named pipe waited for a writer")
+        assert len(failures) == 1 and "this is a pipe, not a safetensors file" in failures[0]
+        assert str(path) in failures[0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd")
+def test_reading_an_anonymous_pipe_is_refused_as_a_pipe_not_as_truncated(tmp_path):
+    source = tmp_path / "m.safetensors"
+    safetensors_io.write(source, {"w": sample("F32")})
+    readable, writable = os.pipe()
+    try:
+        os.write(writable, source.read_bytes())
+        with pytest.raises(CheckpointError, match=r"this is a pipe, not a safetensors file; save the checkpoint to "
+                                                  r"a file"):
+            safetensors_io.read(f"/dev/fd/{readable}")
+    finally:
+        os.close(readable)
+        os.close(writable)
+
+
+def test_a_symlink_to_a_regular_file_still_reads(tmp_path):
+    target = tmp_path / "target.safetensors"
+    safetensors_io.write(target, {"w": sample("F32")})
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(target)
+    assert same_bits(safetensors_io.read(link)["w"], sample("F32"))
+
+
+def test_reading_some_names_reads_only_those(tmp_path):
+    path = tmp_path / "m.safetensors"
+    safetensors_io.write(path, {"a": sample("F32"), "b": sample("I8"), "c": sample("BF16", (2,))})
+    got = safetensors_io.read(path, ["c", "a"])
+    assert list(got) == ["a", "c"] and same_bits(got["a"], sample("F32")) and same_bits(got["c"], sample("BF16", (2,)))
+    assert safetensors_io.read(path, []) == {}
+    with pytest.raises(CheckpointError, match=r"the file holds no tensor 'd'; read header\(path\)"):
+        safetensors_io.read(path, ["a", "d"])
+    with pytest.raises(CheckpointError, match=r"names='a' is one string; pass a list of names: names=\['a'\]"):
+        safetensors_io.read(path, "a")
+
+
+def test_a_tensor_too_big_for_memory_is_a_checkpoint_error_naming_it_and_its_size(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    safetensors_io.write(path, {"small": sample("U8", (4,)), "big": sample("F32", (1000, 1000))})
+    empty = np.empty
+
+    def scarce(shape, dtype=float, *args, **kwargs):  # what NumPy raises for a tensor larger than the memory
+        if np.prod(shape) * np.dtype(dtype).itemsize > 10_000:
+            raise MemoryError(f"Unable to allocate an array with shape {shape}")
+        return empty(shape, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", scarce)
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: tensor 'big' \(\[1000, 1000\] F32, 4,000,000 bytes\) "
+                                              r"does not fit in memory; free memory, read only the tensors needed"):
+        safetensors_io.read(path)
+    assert list(safetensors_io.read(path, ["small"])) == ["small"]
+
+
+def test_advice_for_a_torch_tensor_handed_to_write_works_for_bfloat16(tmp_path):
+    torch = pytest.importorskip("torch")
+    from topos.element import host_array
+
+    tensor = torch.ones(2, dtype=torch.bfloat16, requires_grad=True)
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(CheckpointError, match=r"tensor 'w' is a Tensor; convert it with topos\.element\.host_array, "
+                                              r"or save it with topos\.checkpoint\.save"):
+        safetensors_io.write(path, {"w": tensor})
+    safetensors_io.write(path, {"w": host_array(tensor)})  # the advice, followed
+    assert safetensors_io.read(path)["w"].dtype == ml_dtypes.bfloat16
+    with pytest.raises(CheckpointError, match=r"tensor 'w' is a list; convert it with numpy\.asarray"):
+        safetensors_io.write(path, {"w": [1.0, 2.0]})

@@ -5,8 +5,11 @@
 the previous file or the new one, never a torn one. ``load(path, network)``
 fills the network's parameter table by name and refuses, naming each, the
 slots the file lacks, the tensors nobody claims and the shapes or element
-types that differ. Because module names are PyTorch's, a ``torch.nn``
-state_dict saved with ``safetensors.torch.save_file`` loads as is.
+types that differ, all from the file's header before any tensor is read;
+then it reads only the tensors it keeps. Because module names are
+PyTorch's, a ``torch.nn`` state_dict saved with
+``safetensors.torch.save_file`` loads as is, and ``save`` takes a
+state_dict of torch tensors (bfloat16 and requires-grad ones included).
 Nothing here pickles; the format is in ``topos/safetensors_io.py``.
 """
 
@@ -18,11 +21,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from topos import CheckpointError, Network, Parameters
+from topos import ArgumentError, CheckpointError, Network, Parameters
+from topos.element import host_array
+from topos.parameters import check_keyed_by_name
 from topos.safetensors_io import header, read, read_metadata, write
 
 
-def _named(table) -> dict[str, np.ndarray]:
+def _named(path, table) -> dict[str, np.ndarray]:
     if isinstance(table, Network):  # it has .named too, but names nodes, not slots with values
         raise CheckpointError("save takes the network's Parameters, not the Network: save(path, network.parameters())")
     if isinstance(table, Parameters):
@@ -32,10 +37,28 @@ def _named(table) -> dict[str, np.ndarray]:
     if hasattr(table, "named"):  # an optimizer's host state
         return table.named()
     if isinstance(table, Mapping):
-        return {str(name): np.asarray(array) for name, array in table.items()}
+        return _host_arrays(path, table)
     raise CheckpointError(
         f"save takes Parameters, optimizer state or a mapping of name -> array, got {type(table).__name__}"
     )
+
+
+def _host_arrays(path, mapping: Mapping) -> dict[str, np.ndarray]:
+    """A mapping of name -> array-like (a torch state_dict, jax arrays) as NumPy arrays, checked by name."""
+    try:
+        check_keyed_by_name(mapping, "save(path, mapping)")
+    except ArgumentError as error:
+        raise CheckpointError(f"{os.fspath(path)}: {error.bare}") from None
+    arrays = {}
+    for name, value in mapping.items():
+        try:  # host_array reads bfloat16 and requires-grad torch tensors, which numpy.asarray refuses
+            arrays[name] = np.asarray(host_array(value))
+        except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as error:
+            raise CheckpointError(
+                f"{os.fspath(path)}: tensor {name!r} is a {type(value).__name__} that does not convert to a NumPy "
+                f"array ({error}); pass NumPy arrays, or tensors with data on the CPU (tensor.cpu())"
+            ) from None
+    return arrays
 
 
 def save(path, *tables, metadata: Mapping[str, str] | None = None) -> None:
@@ -44,7 +67,7 @@ def save(path, *tables, metadata: Mapping[str, str] | None = None) -> None:
         raise CheckpointError(f"{os.fspath(path)}: save needs at least one table to write")
     merged: dict[str, np.ndarray] = {}
     for table in tables:
-        for name, array in _named(table).items():
+        for name, array in _named(path, table).items():
             if name in merged:
                 raise CheckpointError(
                     f"{os.fspath(path)}: two tables both hold {name!r}; give the optimizer another prefix "
@@ -75,18 +98,25 @@ def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence
     if isinstance(ignore, str) or not isinstance(ignore, Sequence) or not all(isinstance(p, str) for p in ignore):
         raise CheckpointError(f"ignore={ignore!r}: pass a list of names or shell patterns, such as "
                               "ignore=['*.num_batches_tracked']")
-    tensors = {n: a for n, a in read(path).items() if not any(fnmatch.fnmatchcase(n, p) for p in ignore)}
+    if optimizer is not None and (isinstance(optimizer, type) or not all(
+            callable(getattr(optimizer, method, None)) for method in ("layout", "init", "state_from"))):
+        made = f"the class {optimizer.__name__}" if isinstance(optimizer, type) else f"a {type(optimizer).__name__}"
+        raise CheckpointError(f"optimizer= takes an optimizer instance, such as optim.Adam(lr=1e-3), got {made}; "
+                              "pass the optimizer the state was saved with")
+    # The header first: a file that does not fit is refused before any tensor is read into memory.
+    stored = {n: (tuple(h.shape), h.dtype) for n, h in header(path).items()
+              if not any(fnmatch.fnmatchcase(n, p) for p in ignore)}
     table = network.parameters()
     wanted = {name: (array.shape, array.dtype) for name, array in table.named().items()}
     if optimizer is not None:
         wanted.update(optimizer.layout(table))
-    missing = [n for n in wanted if n not in tensors]
-    unexpected = [n for n in tensors if n not in wanted]
+    missing = [n for n in wanted if n not in stored]
+    unexpected = [n for n in stored if n not in wanted]
     mismatched = [
-        f"{n}: the file holds {list(tensors[n].shape)} {tensors[n].dtype}, the network needs "
+        f"{n}: the file holds {list(stored[n][0])} {stored[n][1]}, the network needs "
         f"{list(shape)} {np.dtype(dtype)}"
         for n, (shape, dtype) in wanted.items()
-        if n in tensors and (tensors[n].shape, tensors[n].dtype) != (shape, dtype)
+        if n in stored and stored[n] != (tuple(shape), np.dtype(dtype))
     ]
     problems = list(mismatched)
     if strict and missing:
@@ -102,6 +132,9 @@ def load(path, network, *, optimizer=None, strict: bool = True, ignore: Sequence
                                                "with ignore=[...]")
         raise CheckpointError(f"{os.fspath(path)} does not fit this network:\n  " + "\n  ".join(problems)
                               + "\n  " + fix)
+    tensors = read(path, [n for n in wanted if n in stored])
+    if {n: (a.shape, a.dtype) for n, a in tensors.items()} != {n: stored[n] for n in tensors}:
+        raise CheckpointError(f"{os.fspath(path)} changed while it was loaded; load it once its writer is done")
     parameters = network.parameters({n: a for n, a in tensors.items() if n in table.names()}, strict=False)
     if optimizer is None:
         return parameters

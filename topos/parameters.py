@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from .copies import own
-from .element import convert_checked, host_array, is_element, short_name
+from .element import Overflow, convert_checked, host_array, is_element, short_name
 from .errors import ArgumentError, FeedError, SymbolError
 from .symbol import Family, Symbol
 
@@ -178,10 +178,7 @@ class Parameters:
                     )
                 converted, overflow = convert_checked(new, old.dtype)
                 if overflow is not None:
-                    raise FeedError(
-                        f"parameter {name} is {overflow.element}, which cannot hold the {new.dtype} value "
-                        f"{overflow}; scale the value into range, or record the parameter with a wider element type"
-                    )
+                    raise _cannot_hold(name, overflow, f"the {new.dtype} value")
                 new = converted
             checked.append(new)
         return self._like(list(zip(self._symbols, checked)))
@@ -225,8 +222,29 @@ class Parameters:
         """The next state: ``rule(parameter, direction)`` per slot (for example ``p - g * lr``)."""
         return self.zip(direction, rule)
 
+    def _arithmetic(self, others: tuple[Parameters, ...], fn: Callable[..., np.ndarray], shown: str) -> Parameters:
+        """``fn`` of each slot (and the others' same slot) for an operator; a finite value made inf or NaN is refused.
+
+        NumPy computes a float32 slot times a Python float in float32, so
+        ``table * 1e39`` would become inf with only a warning, while
+        ``table * np.float64(1e39)`` computes in float64 and its conversion
+        back is refused: both are refused here, the same way.
+        """
+        for other in others:
+            self._aligned(other)
+        results = []
+        for name, arrays in zip(self._names, zip(self._arrays, *(o._arrays for o in others))):
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
+                result = np.asarray(fn(*arrays))
+                finite = np.logical_and.reduce([np.isfinite(a) for a in arrays])
+                lost = finite & ~np.isfinite(result)
+            if lost.any():
+                raise _made_infinite(name, arrays, fn, result, lost, shown)
+            results.append(result)
+        return self._rebuilt(results)
+
     def __add__(self, other: Parameters) -> Parameters:
-        return self.zip(_table(other, "+"), lambda a, b: a + b)
+        return self._arithmetic((_table(other, "+"),), lambda a, b: a + b, "table + table")
 
     __radd__ = __add__  # reached only with a non-table on the left (1.0 + table): refused with the fix
 
@@ -235,14 +253,14 @@ class Parameters:
 
     def __mul__(self, scalar) -> Parameters:
         if isinstance(scalar, Parameters):
-            return self.zip(scalar, lambda a, b: a * b)
+            return self._arithmetic((scalar,), lambda a, b: a * b, "table * table")
         number = _number(scalar, "*")
-        return self.map(lambda a: a * number)
+        return self._arithmetic((), lambda a: a * number, f"table * {number!r}")
 
     __rmul__ = __mul__
 
     def __sub__(self, other: Parameters) -> Parameters:
-        return self.zip(_table(other, "-"), lambda a, b: a - b)
+        return self._arithmetic((_table(other, "-"),), lambda a, b: a - b, "table - table")
 
     def __rsub__(self, other) -> Parameters:
         return _table(other, "-") - self
@@ -251,7 +269,7 @@ class Parameters:
         number = _number(scalar, "/")
         if number == 0:
             raise ArgumentError("Parameters / 0 would fill every slot with inf or nan; divide by a non-zero number")
-        return self.map(lambda a: a / number)
+        return self._arithmetic((), lambda a: a / number, f"table / {number!r}")
 
     def with_payloads(self, pairs) -> Parameters:
         """A new table with some slots replaced, by Symbol or by name.
@@ -291,6 +309,27 @@ class Parameters:
         return fresh._like([(s, mine.get(s.index, a)) for s, a in zip(fresh._symbols, fresh._arrays)])
 
 
+def _cannot_hold(name: str, overflow: Overflow, what: str) -> FeedError:
+    return FeedError(f"parameter {name} is {overflow.element}, which cannot hold {what} {overflow}; "
+                     "scale the value into range, or record the parameter with a wider element type")
+
+
+def _made_infinite(name: str, arrays, fn, result: np.ndarray, lost: np.ndarray, shown: str) -> FeedError:
+    """The FeedError for an operator that turned a finite value of slot ``name`` into inf or NaN."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        exact = np.asarray(fn(*(a.astype(np.float64) for a in arrays)))  # the value the slot's type could not hold
+    _, overflow = convert_checked(exact, arrays[0].dtype)
+    if overflow is not None:
+        return _cannot_hold(name, overflow, f"what {shown} gives,")
+    at = tuple(int(k) for k in np.argwhere(lost)[0])
+    where = f" at position {at}" if at else ""
+    inputs = " and ".join(repr(float(a[at])) for a in arrays)
+    # No single value to name: float64 overflows too, or a scalar the slot's type cannot hold (0 * 1e39 in f32).
+    return FeedError(f"parameter {name} is {short_name(arrays[0].dtype)}, and {shown} turns its finite {inputs}"
+                     f"{where} into {result[at]}; scale the value into range, or record the parameter with a wider "
+                     "element type")
+
+
 def _host(name: str, value) -> np.ndarray:
     """A slot's new value (a NumPy array, a torch tensor or jax array, a list) as a NumPy array, else a FeedError."""
     try:
@@ -327,6 +366,20 @@ def _table(other, operator: str) -> Parameters:
     return other
 
 
+def check_keyed_by_name(source: Mapping, call: str) -> None:
+    """Refuse a mapping of slots keyed by anything but names, an ArgumentError naming ``call`` and the first key.
+
+    ``dict(table.items())`` is keyed by Symbol and ``{0: array}`` by position;
+    written out or matched by ``str(key)`` they would become names such as
+    ``%0`` that no network holds.
+    """
+    key = next((k for k in source if not isinstance(k, str)), None)
+    if key is not None:
+        raise ArgumentError(f"{call} takes slots by name, but the source is keyed by {type(key).__name__} "
+                            f"({key!r}); pass table.named(), or the Parameters table itself, or key each array "
+                            "by its slot name")
+
+
 def by_names(table: Parameters, source, strict: bool) -> Parameters:
     """``table`` with every slot taken by name from ``source`` (a Parameters table or a mapping)."""
     if not isinstance(source, (Parameters, Mapping)):
@@ -335,11 +388,7 @@ def by_names(table: Parameters, source, strict: bool) -> Parameters:
         raise ArgumentError(f"network.parameters(source) takes a Parameters table or a mapping of name to "
                             f"array, got {type(source).__name__}; {fix}")
     named = dict(zip(source._names, source._arrays)) if isinstance(source, Parameters) else dict(source)
-    keyed_by_symbol = [k for k in named if not isinstance(k, str)]
-    if keyed_by_symbol:
-        raise ArgumentError(f"network.parameters(source) takes slots by name, but the source is keyed by "
-                            f"{type(keyed_by_symbol[0]).__name__} ({keyed_by_symbol[0]!r}); pass table.named(), "
-                            "or the Parameters table itself")
+    check_keyed_by_name(named, "network.parameters(source)")
     missing, mismatched, arrays = [], [], []
     for name, initial in zip(table._names, table._arrays):
         if name not in named:

@@ -12,18 +12,22 @@ our bytes equal ``safetensors.numpy.save_file``'s.
 
 Writes are atomic: a temporary file beside the target is written, synced
 and renamed onto it, so a crash leaves the old file or the new one. Reads
-give each tensor a fresh, writable array that owns its memory. Nothing here
-unpickles.
+give each tensor a fresh, writable array that owns its memory, and can
+take only some tensors by name. Only a regular file (or a symlink to one)
+is read: the header is checked against its size, which a pipe or a device
+does not have. Nothing here unpickles.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
+import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import NamedTuple, Union
 
 import ml_dtypes
@@ -77,10 +81,19 @@ class _Entry(NamedTuple):
     end: int
 
 
-def _check_path(path: object) -> None:
-    if not isinstance(path, (str, bytes, os.PathLike)):
+def _check_path(path: object) -> str:
+    """``path`` as a str or PathLike of str: bytes decoded as the file system encodes names, NUL refused."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)  # the messages and files.replacing join str: one type from here on
+    if not isinstance(path, str):
         raise CheckpointError(f"the checkpoint path is a {type(path).__name__} ({path!r}); "
                               "pass a str or a pathlib.Path")
+    if "\0" in path:
+        raise CheckpointError(f"the checkpoint path {path!r} holds a NUL character, which no file name can; "
+                              "remove it from the path")
+    return path
 
 
 def _error(path: _Path, problem: str, fix: str = _DAMAGED) -> CheckpointError:
@@ -107,7 +120,7 @@ def write(path: _Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
     Through ``files.replacing``: a symlink's target is replaced, the file
     keeps its permissions, and ``/dev/null`` or a pipe is written in place.
     """
-    _check_path(path)
+    path = _check_path(path)
     rows = _layout(path, tensors)
     header = _header(path, rows, metadata)
     try:
@@ -149,7 +162,10 @@ def _layout(path: _Path, tensors: Mapping[str, np.ndarray]) -> list[tuple[str, s
             fix = "use a non-empty string other than '__metadata__'"
             raise _error(path, f"tensor name {name!r} is not allowed", fix)
         if not isinstance(array, (np.ndarray, np.generic)):
-            raise _error(path, f"tensor {name!r} is a {type(array).__name__}", "convert it with numpy.asarray")
+            # numpy.asarray fails on a bfloat16 or requires-grad torch tensor; host_array reads both bit for bit
+            fix = ("convert it with topos.element.host_array, or save it with topos.checkpoint.save, which does"
+                   if hasattr(array, "__dlpack__") else "convert it with numpy.asarray")
+            raise _error(path, f"tensor {name!r} is a {type(array).__name__}", fix)
         array = np.asarray(array)
         code = next((code for code, dtype in _DTYPES.items() if array.dtype.newbyteorder("=") == dtype), None)
         if code is None:
@@ -190,16 +206,29 @@ def _little_endian_bytes(array: np.ndarray) -> memoryview:
 # ---------------------------------------------------------------- reading
 
 
-def read(path: _Path) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file, in the order its data lies, each a fresh array of its own."""
+def read(path: _Path, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file (or only ``names``), in the order its data lies, each a fresh array.
+
+    With ``names``, the other tensors are skipped unread, so a caller that
+    checked ``header(path)`` first reads only what it needs.
+    """
+    path = _check_path(path)
     with _reading(path) as file:
+        entries = _parse(path, file)[0]
+        if names is not None:
+            if isinstance(names, str):
+                raise _error(path, f"names={names!r} is one string", f"pass a list of names: names=[{names!r}]")
+            wanted = set(names)
+            absent = wanted - {entry.name for entry in entries}
+            if absent:
+                raise _error(path, "the file holds no tensor " + ", ".join(map(repr, sorted(absent))),
+                             "read header(path) for the names it holds")
+            entries = [entry for entry in entries if entry.name in wanted]
+        data = file.tell()
         tensors = {}
-        for entry in _parse(path, file)[0]:
-            try:
-                array = np.empty(entry.shape, _DTYPES[entry.code])
-            except ValueError:  # a zero-size shape whose other sizes numpy cannot index
-                problem = f"numpy cannot hold tensor {entry.name!r} of shape {list(entry.shape)}"
-                raise _error(path, problem, "save it with a smaller shape") from None
+        for entry in entries:
+            array = _empty(path, entry)
+            file.seek(data + entry.begin)
             if file.readinto(array.reshape(-1).view(np.uint8).data) != entry.end - entry.begin:
                 raise _error(path, "the file got shorter while it was read", "read it once its writer is done")
             if sys.byteorder == "big" and array.dtype.itemsize > 1:
@@ -208,8 +237,23 @@ def read(path: _Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _empty(path: _Path, entry: _Entry) -> np.ndarray:
+    """A fresh array for the entry's data; CheckpointError where NumPy cannot make one."""
+    try:
+        return np.empty(entry.shape, _DTYPES[entry.code])
+    except ValueError:  # a zero-size shape whose other sizes numpy cannot index
+        problem = f"numpy cannot hold tensor {entry.name!r} of shape {list(entry.shape)}"
+        raise _error(path, problem, "save it with a smaller shape") from None
+    except MemoryError:
+        problem = (f"tensor {entry.name!r} ({list(entry.shape)} {entry.code}, {entry.end - entry.begin:,} bytes) "
+                   "does not fit in memory")
+        fix = "free memory, read only the tensors needed (read(path, names)), or use a machine with more memory"
+        raise _error(path, problem, fix) from None
+
+
 def header(path: _Path) -> dict[str, TensorHeader]:
     """Each tensor's dtype and shape, reading and checking only the header (cheap for big files)."""
+    path = _check_path(path)
     with _reading(path) as file:
         entries, _ = _parse(path, file)
     return {entry.name: TensorHeader(_DTYPES[entry.code], entry.shape) for entry in entries}
@@ -217,16 +261,40 @@ def header(path: _Path) -> dict[str, TensorHeader]:
 
 def read_metadata(path: _Path) -> dict[str, str]:
     """The file's free-form ``__metadata__`` strings (empty when it has none)."""
+    path = _check_path(path)
     with _reading(path) as file:
         return _parse(path, file)[1]
 
 
+# What a path that is not a regular file is, for the message that refuses it.
+_NOT_FILES = ((stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISSOCK, "a socket"))
+
+
 @contextlib.contextmanager
-def _reading(path: _Path) -> Iterator[io.BufferedReader]:
-    """The file opened for reading, the operating system's complaints turned into CheckpointErrors."""
-    _check_path(path)
+def _reading(path: str) -> Iterator[io.BufferedReader]:
+    """The regular file at ``path`` opened for reading, the operating system's complaints turned into CheckpointErrors.
+
+    Anything else is refused: the reader takes the size from the file system
+    and seeks, which a pipe or a device cannot give, and opening a pipe
+    would wait for a writer forever (so the open does not block, and the
+    check is on what was opened, not on a name that could change meanwhile).
+    """
     try:
-        with open(path, "rb") as file:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            mode = os.fstat(descriptor).st_mode
+            file = os.fdopen(descriptor, "rb")
+        except BaseException:
+            os.close(descriptor)
+            raise
+        with file:
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            if not stat.S_ISREG(mode):
+                kind = next((kind for test, kind in _NOT_FILES if test(mode)), "a special file")
+                fix = "save the checkpoint to a file and read that"
+                raise _error(path, f"this is {kind}, not a safetensors file", fix)
             yield file
     except FileNotFoundError:
         raise _error(path, "no such file", "check the path") from None
@@ -258,18 +326,26 @@ def _parse(path: _Path, file: io.BufferedReader) -> tuple[list[_Entry], dict[str
         raise _error(path, "the header is not UTF-8 text") from None
 
     def refuse_repeats(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        keys = [key for key, _ in pairs]
-        repeated = next((key for key in keys if keys.count(key) > 1), None)
-        if repeated is not None:
-            raise _error(path, f"the header repeats the key {repeated!r}")
-        return dict(pairs)
+        table = dict(pairs)
+        if len(table) < len(pairs):  # linear: a header may hold tens of thousands of tensors
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise _error(path, f"the header repeats the key {key!r}")
+                seen.add(key)
+        return table
 
     try:
         parsed = json.loads(text, object_pairs_hook=refuse_repeats)
+    except CheckpointError:  # a repeated key, refused above: a ValueError too, so not one of the cases below
+        raise
     except json.JSONDecodeError as failure:
         raise _error(path, f"the header is not valid JSON ({failure.msg} at character {failure.pos})") from None
     except RecursionError:
         raise _error(path, "the header is not valid JSON (nested too deeply)") from None
+    except ValueError:  # Python refuses to convert an integer of over sys.get_int_max_str_digits() digits
+        problem = f"the header holds a number of over {sys.get_int_max_str_digits()} digits, which no size needs"
+        raise _error(path, problem) from None
     if not isinstance(parsed, dict):
         raise _error(path, "the header is not a JSON object")
     metadata = parsed.pop("__metadata__", None)

@@ -227,3 +227,6 @@ def load(folder=None, vocab=None, merges=None):
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as error:
         raise ExampleError(f"cannot read the tokenizer from {vocab} and {merges}: {error}; pass the folder "
                            "holding GPT-2's vocab.json and merges.txt") from None
+    except RecursionError:  # json.loads of a vocab.json nested thousands deep
+        raise ExampleError(f"cannot read the tokenizer from {vocab}: its JSON is nested too deeply to be a "
+                           "vocabulary; pass the folder holding GPT-2's vocab.json and merges.txt") from None

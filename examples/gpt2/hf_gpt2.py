@@ -35,6 +35,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,25 @@ _LAYER = re.compile(r"^h\.(\d+)\.")
 
 def _names(path) -> dict:
     """name (prefix stripped) -> (shape, dtype) of every tensor of the file."""
-    found = {}
-    for name, entry in checkpoint.header(path).items():
-        found[name.removeprefix(PREFIX)] = (tuple(entry.shape), np.dtype(entry.dtype))
+    stored = checkpoint.header(path)
+    return {name: (tuple(stored[held].shape), np.dtype(stored[held].dtype))
+            for name, held in _unprefixed(path, stored).items()}
+
+
+def _unprefixed(path, names) -> dict[str, str]:
+    """name without ``transformer.`` -> the name in the file; a tensor held both with and without it is refused.
+
+    Stripping the prefix would make the two one name, and whichever came
+    last would win without a word.
+    """
+    found: dict[str, str] = {}
+    for held in names:
+        name = held.removeprefix(PREFIX)
+        if name in found:
+            raise CheckpointError(f"{path} holds both {found[name]!r} and {held!r}, one GPT-2 tensor twice (with "
+                                  f"and without the {PREFIX!r} prefix); keep one of them, as save_pretrained writes "
+                                  "a file")
+        found[name] = held
     return found
 
 
@@ -94,7 +111,14 @@ def _from_shapes(path, names: dict) -> Config:
             f"and [context, width] with one width; this is not a GPT-2 checkpoint, or {fix} if it is"
         )
     (vocabulary, width), context = wte, wpe[0]
-    layers = 1 + max((int(m.group(1)) for n in names if (m := _LAYER.match(n))), default=-1)
+    numbers = sorted({int(m.group(1)) for n in names if (m := _LAYER.match(n))})
+    gaps = [f"h.{low + 1}" if low + 2 == high else f"h.{low + 1} to h.{high - 1}"
+            for low, high in zip([-1, *numbers], numbers) if high > low + 1]
+    if gaps:  # else one stray h.20000 would make a model of 20,001 layers, most of them missing
+        raise CheckpointError(f"{path}: its tensors name layers up to h.{numbers[-1]}, but none of "
+                              f"{', '.join(gaps[:5])}{', ...' if len(gaps) > 5 else ''}; GPT-2's layers are numbered "
+                              "from h.0 with none missing: the file is damaged, or not a GPT-2 checkpoint")
+    layers = len(numbers)
     config = Config(layers=layers, heads=max(1, width // 64), width=width, context=context, vocabulary=vocabulary)
     try:
         config.check()
@@ -120,11 +144,16 @@ def read_json(path: Path) -> object:
 
 def parse_json(text: str, where: str) -> object:
     """The JSON value of ``text`` (a config read from ``where``); CheckpointError naming ``where`` if it is not JSON."""
+    fix = "it must be the model's config as Hugging Face writes it: put the model's own config.json there"
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise CheckpointError(f"{where} is not JSON ({error}); it must be the model's config as Hugging Face "
-                              "writes it: put the model's own config.json there") from None
+        raise CheckpointError(f"{where} is not JSON ({error}); {fix}") from None
+    except RecursionError:
+        raise CheckpointError(f"{where} is not a config: its JSON is nested too deeply to read; {fix}") from None
+    except ValueError:  # Python refuses to convert an integer of over sys.get_int_max_str_digits() digits
+        raise CheckpointError(f"{where} is not a config: it holds a number of over {sys.get_int_max_str_digits()} "
+                              f"digits, which no size needs; {fix}") from None
 
 
 def hf_config(config: Config) -> dict:
@@ -178,7 +207,7 @@ def load(path, network, config: Config):
         if not any(n.startswith(PREFIX) for n in stored):
             table = checkpoint.load(path, network, ignore=IGNORED)
         else:
-            table = _load_prefixed(path, network)
+            table = _load_prefixed(path, network, stored)
     except (CheckpointError, FeedError) as error:
         try:
             held = config_of(path)
@@ -189,27 +218,29 @@ def load(path, network, config: Config):
             "record it with the file's sizes (the examples' --config auto does)")
         raise CheckpointError(f"{error}{hint}") from None
     if "lm_head.weight" in stored or PREFIX + "lm_head.weight" in stored:
-        _check_tied(path, table)
+        _check_tied(path, table, stored)
     return table
 
 
-def _load_prefixed(path, network):
+def _load_prefixed(path, network, stored):
     """``checkpoint.load``'s checks for a file whose names carry ``transformer.``; topos.checkpoint cannot rename."""
-    tensors = {n.removeprefix(PREFIX): a for n, a in checkpoint.read(path).items()}
-    kept = {n: a for n, a in tensors.items() if not any(fnmatch.fnmatchcase(n, p) for p in IGNORED)}
+    held = _unprefixed(path, stored)
+    kept = {n: h for n, h in held.items() if not any(fnmatch.fnmatchcase(n, p) for p in IGNORED)}
     wanted = {network.name(symbol) for symbol in network.parameter_symbols()}
     unexpected = sorted(set(kept) - wanted)
     if unexpected:
         raise CheckpointError(f"{path} does not fit this network:\n  in the file but not in the network: "
-                              + ", ".join(PREFIX + n for n in unexpected))
-    return network.parameters(kept)  # FeedError names each missing or mis-shaped slot
+                              + ", ".join(held[n] for n in unexpected))
+    tensors = checkpoint.read(path, list(kept.values()))
+    # FeedError names each missing or mis-shaped slot
+    return network.parameters({n: tensors[h] for n, h in kept.items()})
 
 
-def _check_tied(path, table) -> None:
+def _check_tied(path, table, stored) -> None:
     """A file with its own lm_head.weight: GPT-2 ties it to wte.weight, so it must be the same tensor."""
-    tensors = checkpoint.read(path)
-    head = tensors.get("lm_head.weight", tensors.get(PREFIX + "lm_head.weight"))
-    if head is not None and not np.array_equal(head, table["wte.weight"]):
+    name = "lm_head.weight" if "lm_head.weight" in stored else PREFIX + "lm_head.weight"
+    head = checkpoint.read(path, [name])[name]
+    if not np.array_equal(head, table["wte.weight"]):
         raise CheckpointError(
             f"{path}: lm_head.weight differs from wte.weight, but GPT-2 ties its output projection to the "
             "token table; this file is not a GPT-2 (or was fine-tuned untied) and cannot load here"

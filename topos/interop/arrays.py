@@ -56,6 +56,7 @@ one that names its device.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -155,6 +156,19 @@ def parameters_from(network, tensors: Mapping[str, Any], *, strict: bool = True)
     name, a shape or an element type that differs is that call's
     FeedError.
     """
+    from ..network import Network
+
+    if not isinstance(network, Network):
+        fix = ("; the network comes first: parameters_from(network, state_dict)"
+               if _is_parameters(network) or isinstance(network, Mapping) else
+               "; record the model first (Tape.record) and pass the Network it gives")
+        raise ArgumentError(f"parameters_from takes the Network first, got {type(network).__name__}{fix}")
+    if not isinstance(tensors, Mapping):
+        fix = ("; for a file, use topos.checkpoint.load(path, network)"
+               if isinstance(tensors, (str, bytes, os.PathLike)) else
+               "; pass a state_dict-like mapping, such as model.state_dict()")
+        raise ArgumentError(f"parameters_from takes a mapping of slot name -> tensor second, got "
+                            f"{type(tensors).__name__}{fix}")
     arrays = {}
     for name, value in dict(tensors).items():
         try:
