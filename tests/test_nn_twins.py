@@ -435,11 +435,14 @@ def test_an_mlp_records_as_many_nodes_as_the_hand_written_one():
 FACADE_HELPERS = {
     "topos.provenance": {"user_site"},  # the user's line, for an error
     "topos.copies": {"own"},  # a read-only copy the caller owns
-    "topos.element": {"ELEMENTS", "float32", "convert", "convert_checked", "short_name"},  # element types, spelling
+    "topos.element": {"ELEMENTS", "float32", "convert", "convert_checked", "host_array", "short_name"},  # element types
     "topos.errors": {"ArgumentError", "ShapeError"},  # exported from topos too
     "topos.safetensors_io": {"header", "read", "read_metadata", "write"},  # the checkpoint file format
     "topos.display": {"module_card"},  # the Jupyter card a module shows
+    "topos.parameters": {"check_keyed_by_name"},  # a mapping of slots keyed by name, or the error naming a key
     "topos.differentiate": {"open_pairs"},  # the Values of open Adjoints, or an error naming what came instead
+    "topos.arguments": {"broadcasts", "element", "flag", "initial", "positive_rate", "rate_as", "real", "size",
+                        "size_list", "sizes"},  # the argument checks the core's own calls run too
 }
 
 

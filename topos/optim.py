@@ -42,10 +42,10 @@ from typing import ClassVar
 import numpy as np
 
 from topos import ArgumentError, DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
+from topos.arguments import positive_rate, rate_as, real
 from topos.copies import own
 from topos.differentiate import open_pairs
 from topos.element import short_name
-from topos.nn.arguments import positive_rate, rate_as, real
 from topos.provenance import user_site
 
 

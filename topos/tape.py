@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import flag
 from .copies import is_splat, splat, splat_element
 from .element import Selection, SelectionType, is_element, short_name
 from .errors import DifferentiationError, RecordingError, SealedError, ShapeError, SymbolError
@@ -193,8 +194,6 @@ class Tape:
         between steps like a parameter (optimizer moments, running
         statistics), but refused as a ``wrt`` of ``differentiate``.
         """
-        from .nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
-
         trainable = flag("tape.parameter", "trainable", trainable)  # "no" is truthy: it would mean yes
         if isinstance(initial, Selection):  # its slot would hold int64 indices, which no table can carry
             raise ShapeError(
@@ -223,8 +222,6 @@ class Tape:
         spec).
         """
         if required is not None:
-            from .nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
-
             required = flag("tape.input", "required", required)  # "no" is truthy: it would mean yes
         if default is None:
             if shape is None:

@@ -14,6 +14,7 @@ from collections import Counter
 
 import numpy as np
 
+from .arguments import positive_rate, rate_as
 from .errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError
 from .network import source_name
 
@@ -132,7 +133,6 @@ def sgd(tape, adjoints, learning_rate) -> Updates:
     (for example an input, so a schedule can feed it per step).
     """
     from .differentiate import open_pairs
-    from .nn.arguments import positive_rate, rate_as  # the optimizers' checks; nn loads after the core
 
     recorded = open_pairs("sgd", adjoints, tape)
     if hasattr(learning_rate, "symbol"):

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import topos.arguments as arguments
 from topos import Recordable, ShapeError
-
-from . import arguments
 
 
 def _windows(x: Recordable, size: tuple[int, int], stride: tuple[int, int]) -> Recordable:

@@ -16,11 +16,11 @@ import numpy as np
 
 from topos import ArgumentError, SelectionType, ShapeError, Tape, Value
 from topos import init as initializers
+from topos.arguments import element, initial, real, size, size_list, sizes
 from topos.provenance import user_site
 
 from . import functional as F
 from .activation import check_approximate
-from .arguments import element, initial, real, size, size_list, sizes
 from .module import Buffer, Module, Parameter, Sequential, training_reading
 
 

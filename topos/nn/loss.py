@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from topos import ArgumentError, Recordable, SelectionType, ShapeError
+from topos.arguments import size
 from topos.provenance import user_site
-
-from .arguments import size
 
 _REDUCTIONS = ("mean", "sum", "none")
 

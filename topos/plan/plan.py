@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..arguments import flag
 from ..errors import PlanError, SymbolError
 from ..interpret import bind_feeds, bind_parameters, source_value
 from ..network import describe_line, plural
@@ -263,10 +264,9 @@ class Plan:
 
     def emit_mlir(self, debug_info: bool = True) -> str:
         """This plan as topos-dialect MLIR text: one op per scheduled node, results in declared order."""
-        from ..dialect.targets import require_compiler
-        from ..nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
-
         flag("emit_mlir", "debug_info", debug_info)  # "no" is truthy: it would print every location
+        from ..dialect.targets import require_compiler
+
         require_compiler("emitting a plan as MLIR")
         from ..dialect.emit import emit_text
 
@@ -339,8 +339,6 @@ class Plan:
         ``stablehlo.convolution``.
         """
         from ..dialect.targets import require_compiler
-        from ..nn.arguments import flag  # the layers' own check of a switch; nn loads after the core
-
         flag("emit_stablehlo", "debug_info", debug_info)  # "no" is truthy: it would keep every location
         require_compiler("lowering a plan to StableHLO")
         from ..dialect.raising import CONVOLUTION_SPELLINGS

@@ -1,9 +1,10 @@
-"""The checks every layer, function form and optimizer runs on its arguments, in one place.
+"""The checks every layer, function form, optimizer and recording call runs on its arguments, in one place.
 
 Each raises ``ArgumentError`` naming the owner (``Linear``, ``conv2d``,
-``Adam``), the argument, the value given and what it must be, so a bad
-size or rate is refused where it is typed rather than deep inside a draw
-or a division.
+``Adam``, ``tape.parameter``), the argument, the value given and what it
+must be, so a bad size, rate or switch is refused where it is typed
+rather than deep inside a draw or a division. It sits in the core, which
+imports nothing above it, so the facades and the core share one set.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from topos import ELEMENTS, ArgumentError
-from topos.element import convert_checked
+from .element import ELEMENTS, convert_checked
+from .errors import ArgumentError
 
 
 def _is_int(value: object) -> bool:
