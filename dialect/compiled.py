@@ -36,7 +36,7 @@ import numpy as np
 
 from topos.copies import own
 from topos.element import Selection, SelectionType, convert
-from topos.errors import FeedError, SymbolError, ToposError
+from topos.errors import ArgumentError, FeedError, SymbolError, ToposError
 from topos.interpret import bind_feeds, bind_parameters, source_value
 from topos.opcodes.base import spec_bytes
 from topos.provenance import user_site
@@ -345,6 +345,10 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     buffer the CompiledPlan keeps (``with_transient_storage``); None decides
     by size — on when ``transient_estimate`` reaches ``TRANSIENT_STORAGE_FROM``.
     """
+    if rewrite is not None and not callable(rewrite):  # refused before the lowering it would follow
+        raise ArgumentError(f"rewrite= takes a function from the StableHLO text to the text to compile (str -> str), "
+                            f"got {type(rewrite).__name__}; to compile edited text, return it from a function: "
+                            "rewrite=lambda text: edited")
     chosen = target(target_name)
     check_cpu(chosen, cpu)  # before LLVM, which ends the process on some names
     check_switches(TargetError, ("data_tiling", "transient_storage"), data_tiling=data_tiling,
@@ -383,7 +387,10 @@ def compile_plan(plan, target_name: str = "llvm-cpu", driver: str | None = None,
     if rewrite is not None:
         text, located = rewrite(text), rewrite(located)
         if not isinstance(text, str) or not isinstance(located, str):
-            raise TypeError("rewrite must return the StableHLO text as a str")
+            returned = text if not isinstance(text, str) else located
+            raise ArgumentError(f"rewrite= must return the StableHLO text as a str, and it returned "
+                                f"{type(returned).__name__}; return the edited text (a function that only "
+                                "reads it must still return it)")
         flags = module_flags(plan, chosen, cpu, data_tiling, text=text, driver=driver, frozen=freezing)
     timings.update(stage_times)
     # The plan names its pass stages (raise, lower, ...); "passes" is always their total.

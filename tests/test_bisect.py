@@ -195,6 +195,18 @@ def test_rewrite_that_breaks_the_module_raises_the_iree_diagnostic():
                rewrite=lambda text: text.replace("stablehlo.tanh", "stablehlo.bogus"))
 
 
+def test_a_rewrite_that_is_not_a_function_or_returns_no_text_is_an_argument_error():
+    network, s = two_branches()
+    entry = network.entry([s["loss"]])
+    with pytest.raises(topos.ArgumentError, match=r"test_bisect\.py:\d+ .*rewrite= takes a function from the "
+                                                  r"StableHLO text .* got int; to compile edited text"):
+        bisect(entry, network.parameters(), rewrite=5)
+    # refused after the emission and before IREE compiles, so nothing here is compiled
+    with pytest.raises(topos.ArgumentError, match="rewrite= must return the StableHLO text as a str, and it "
+                                                  "returned NoneType; return the edited text"):
+        bisect(entry, network.parameters(), rewrite=lambda text: None)
+
+
 @pytest.mark.parametrize("given, kind, fix", [
     (lambda network, entry: entry.lower(), "Plan", r"pass plan\.entry"),
     (lambda network, entry: entry.lower().compile(), "CompiledPlan", r"pass compiled\.plan\.entry"),

@@ -447,6 +447,14 @@ def test_backward_of_a_non_scalar_target_names_its_shape():
         network.forward(network.parameters()).backward(y)
 
 
+def test_backward_of_a_selection_says_a_selection_has_no_gradient():
+    network, picks = Tape.record(lambda tape: tape.input(shape=(), extent=3, name="picks"))
+    run = network.forward(network.parameters(), {"picks": np.array(2)})
+    with pytest.raises(DifferentiationError, match=r"target %0 is a selection \(\[\] index<3>.*no gradient: the "
+                                                   "target must be a float scalar"):
+        run.backward(picks)
+
+
 def test_wrt_from_another_tape_is_a_symbol_error():
     other, x_elsewhere = Tape.record(lambda tape: tape.parameter(np.ones(2)))
     tape = Tape()

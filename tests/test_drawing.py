@@ -220,6 +220,47 @@ def test_a_report_without_its_network_asks_for_one(recorded):
     assert topos.draw(bare, network=network).dot == topos.draw(report).dot
 
 
+def handmade_report(network, loss):
+    """A BisectReport as bisect makes one, without compiling: every computed node checked, the tanh outside."""
+    from topos.bisect import BisectReport, Divergence, NodeCheck, OperandSummary
+
+    nodes = network.nodes()
+    computed = [i for i in sorted(network.entry([loss]).closure()) if not nodes[i].is_source]
+    tanh = next(i for i in computed if nodes[i].opcode.name == "map")
+    (operand,) = {j.index for j in nodes[tanh].operands}
+    inputs = (OperandSummary(operand, nodes[operand].opcode.name, nodes[operand].shape, "f32", -1.0, 1.0,
+                             False, False),)
+    first = Divergence(tanh, str(nodes[tanh]), nodes[tanh].site, inputs, "3 ulps", 5, "5 ulps", 5.0, "5 ulps")
+    checks = tuple(NodeCheck(i, i != tanh, 5 if i == tanh else 0, "", 0.0, "") for i in computed)
+    return BisectReport("llvm-cpu", checks, first, (loss.index,), network)
+
+
+def test_a_report_is_drawn_only_on_the_network_it_was_made_from():
+    import dataclasses
+
+    network, (w, x, loss, *_) = Tape.record(plate)
+    report = handmade_report(network, loss)
+    small, _ = Tape.record(lambda t: t.input(np.ones(2, np.float32), name="x").sum())
+    larger, _ = Tape.record(lambda t: long_chain(t, links=10))
+    for other in (small, larger):  # fewer nodes than the report names, or more
+        with pytest.raises(DrawingError, match="not the network this BisectReport was made from: it belongs to "
+                                               "another recording; leave network= out"):
+            topos.draw(report, network=other)
+    with pytest.raises(DrawingError, match="network= takes the Network the BisectReport was made from, got int"):
+        topos.draw(report, network=3)
+    assert topos.draw(report, network=network).dot == topos.draw(report).dot
+    continued = network.reopen()
+    continued.input(np.ones(2, np.float32))
+    assert topos.draw(report, network=continued.seal()).dot == topos.draw(report).dot  # the same nodes, and more
+
+    bare = dataclasses.replace(report, network=None)  # no family to compare: the indices and opcodes must fit
+    with pytest.raises(DrawingError, match=r"it has 2 nodes and the report names %5"):
+        topos.draw(bare, network=small)
+    with pytest.raises(DrawingError, match="the nodes at the report's indices are not the ones bisect checked"):
+        topos.draw(bare, network=larger)
+    assert topos.draw(bare, network=network).dot == topos.draw(report).dot
+
+
 # ---- big graphs, bad input --------------------------------------------------------------------
 
 
@@ -264,6 +305,8 @@ def test_bad_subjects_stages_and_paths_are_named(recorded, tmp_path):
     blocker.write_text("")
     with pytest.raises(DrawingError, match="cannot write the drawing"):
         topos.draw(network).save(blocker / "plate.dot")
+    with pytest.raises(DrawingError, match=r"the path holds a NUL character .*remove it"):
+        topos.draw(network).save(str(tmp_path / "pl\0ate.dot"))
 
     def still_open(tape):
         tape.input(np.float32(1.0))

@@ -189,6 +189,18 @@ def test_a_tangent_must_be_a_float_source_of_the_right_shape():
         jvp(network, parameters, None, {picks: np.zeros(2)})
 
 
+def test_tangents_that_are_not_a_mapping_say_to_pair_each_source_with_its_direction():
+    network, (x, w, unrelated, loss) = Tape.record(small_model)
+    parameters = network.parameters()
+    with pytest.raises(DifferentiationError, match=r"tangents map .*\(Symbols or names\) to arrays.*got list; "
+                                                   r"pair each with its direction"):
+        jvp(network, parameters, None, [w])
+    with pytest.raises(DifferentiationError, match=r"tangents map .* got int$"):
+        jvp(network, parameters, None, 5)
+    _, tangents = jvp(network, parameters, None, parameters)  # a Parameters table is a direction too
+    assert tangents[w].tolist() == parameters[w].tolist()
+
+
 def test_a_tangent_of_another_element_type_or_out_of_range_is_refused_not_narrowed():
     network, w = Tape.record(lambda tape: tape.parameter(np.ones(3, np.float32), name="w"))
     parameters = network.parameters()

@@ -165,6 +165,37 @@ def test_the_target_must_be_a_rank_0_symbol_of_this_network():
         check_gradients(network, network.parameters(), None, w)
 
 
+def test_a_selection_target_is_refused_as_having_no_gradient_with_or_without_a_tolerance():
+    def model(tape):
+        table = tape.parameter(np.ones((3, 2)))
+        picks = tape.input(shape=(), extent=3, name="picks")
+        return picks, table.sum()
+
+    network, (picks, _) = Tape.record(model)
+    fed = {"picks": np.array(1)}
+    for options in ({}, {"tolerance": 1e-3}):
+        with pytest.raises(DifferentiationError, match=r"target %\d+ is a selection .*must be a float scalar"):
+            check_gradients(network, network.parameters(), fed, picks, **options)
+
+
+def test_a_registered_element_without_a_default_tolerance_asks_for_one():
+    from topos import refmath
+    from topos.element import ELEMENTS, Element, register, unregister
+
+    ours = np.dtype(np.float16) not in ELEMENTS  # tests/test_element_seam.py may hold it registered
+    if ours:
+        register(Element(dtype=np.float16, name="f16", mlir="f16", compute=np.float32, accumulate=np.float32,
+                         rounding=refmath.nearest_even(np.float16), reference_math=refmath.FLOAT64_KERNELS))
+    try:
+        network, loss = Tape.record(lambda tape: (tape.parameter(np.ones(2, np.float16)) * 2.0).sum())
+        with pytest.raises(topos.ArgumentError, match="no default tolerance for f16.*pass tolerance="):
+            check_gradients(network, network.parameters(), {}, loss)
+        assert check_gradients(network, network.parameters(), {}, loss, tolerance=1e-2).ok
+    finally:
+        if ours:
+            unregister("f16")
+
+
 def test_argument_slips_are_refused_rather_than_reported_as_a_pass_or_fail():
     def record(tape):
         w = tape.parameter(np.array([0.5, -0.25], np.float32), name="w")
@@ -178,6 +209,10 @@ def test_argument_slips_are_refused_rather_than_reported_as_a_pass_or_fail():
         check_gradients(network, table, {}, loss, wrt=[])
     with pytest.raises(DifferentiationError, match="more than once"):
         check_gradients(network, table, {}, loss, wrt=[w, w])
+    with pytest.raises(DifferentiationError, match="wrt takes a parameter or input .* got int 0; leave wrt out"):
+        check_gradients(network, table, {}, loss, wrt=0)
+    with pytest.raises(DifferentiationError, match=r"got str 'w'; for the slot named 'w' pass network.named\('w'\)"):
+        check_gradients(network, table, {}, loss, wrt="w")
     for option, value in (("tolerance", "tight"), ("tolerance", -1.0), ("step", 0.0), ("rule_tolerance", float("nan"))):
         with pytest.raises(topos.ArgumentError, match=f"{option} must be a finite number > 0"):
             check_gradients(network, table, {}, loss, **{option: value})

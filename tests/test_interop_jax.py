@@ -363,6 +363,33 @@ def test_to_jax_of_something_else_is_an_argument_error_saying_what_it_takes():
     assert xla.to_jax(network.entry([out])).results  # an Entry is lowered
 
 
+def test_a_platform_jax_does_not_name_or_not_here_is_an_argument_error_naming_the_fix():
+    network, out = Tape.record(lambda tape: tape.input(np.ones(2, np.float32), name="x").tanh().sum())
+    entry = network.entry([out])
+    for platform, fix in [("CPU", "write it in lower case: platform='cpu'"),
+                          ("gpu", "name the GPU's runtime: platform='cuda'"),
+                          ("gpu9", "name one of them"), (3, "name one of them")]:
+        with pytest.raises(ArgumentError, match=rf"to_jax\(platform=\.\.\.\) takes one of 'cpu', 'cuda', 'rocm', "
+                                                rf"'tpu', got .*; {fix}"):
+            xla.to_jax(entry, platform=platform)
+    here = jax.default_backend()
+    elsewhere = xla.to_jax(entry, platform="tpu" if here != "tpu" else "cpu")  # exported for a platform not here
+    words = rf"test_interop_jax\.py:\d+ .*built with to_jax\(platform='\w+'\), and jax runs it on '{here}'"
+    with pytest.raises(ArgumentError, match=words):
+        elsewhere.forward(network.parameters())
+    with pytest.raises(ArgumentError, match=words):
+        elsewhere(*elsewhere.input_arrays())
+
+
+def test_grade_refuses_a_network_and_a_case_of_that_is_not_a_mapping():
+    network, out = Tape.record(lambda tape: tape.input(np.ones(2, np.float32), name="x").tanh().sum())
+    with pytest.raises(topos.PlanError, match=r"grade takes an Entry .*got Network; declare what to check with "
+                                              r"network\.entry\(\[loss\]\)"):
+        xla.grade(network, network.parameters())
+    with pytest.raises(ArgumentError, match=r"grade\(case_of=\.\.\.\) maps node indices to case labels .*got int 5"):
+        xla.grade(network.entry([out]), network.parameters(), case_of=5)
+
+
 def test_arguments_are_checked_by_count_and_by_type():
     network, out = Tape.record(lambda tape: tape.input(np.ones(2, np.float32), name="x").tanh())
     function = xla.to_jax(network.entry([out]).lower())

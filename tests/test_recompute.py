@@ -119,6 +119,9 @@ def test_misuse_is_refused():
     hidden = network.node(loss).operands[0]
     with pytest.raises(DifferentiationError, match=r"rank-0 target.*shape \[4, 3\]"):
         recompute.backward(network, network.parameters(), feeds, network.node(hidden).operands[0])
+    picked, picks = Tape.record(lambda tape: tape.input(shape=(), extent=3, name="picks"))
+    with pytest.raises(DifferentiationError, match=r"target %0 is a selection .*must be a float scalar"):
+        recompute.backward(picked, picked.parameters(), {"picks": np.array(1)}, picks)
     for segment in (0, 2.0, True):
         with pytest.raises(topos.ArgumentError, match="segment must be a positive number of nodes"):
             recompute.backward(network, network.parameters(), feeds, loss, segment=segment)

@@ -239,8 +239,8 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     return BisectReport(target, tuple(checks), first, roots, entry.network)
 
 
-def _check_entry(entry) -> None:
-    """Refuse a first argument that is not an Entry, naming what it is and the Entry to pass instead."""
+def _check_entry(entry, owner: str = "bisect") -> None:
+    """Refuse a first argument of ``owner`` that is not an Entry, naming what it is and the Entry to pass instead."""
     from .network import Network
     from .plan import Entry, Plan
 
@@ -255,7 +255,7 @@ def _check_entry(entry) -> None:
         fix = "declare what to check with network.entry([loss]) (its roots) and pass that"
     else:
         fix = "declare one with network.entry([loss]) and pass it"
-    raise PlanError(f"bisect takes an Entry (network.entry(...) or plan.entry), got {kind}; {fix}")
+    raise PlanError(f"{owner} takes an Entry (network.entry(...) or plan.entry), got {kind}; {fix}")
 
 
 def _divergence(network, i, operand_values, envelope: str, local, whole) -> Divergence:

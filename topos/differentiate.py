@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .copies import own
-from .element import convert_checked, host_array, short_name
+from .element import convert_checked, host_array, is_element, short_name
 from .errors import ArgumentError, DifferentiationError, RecordingError, SymbolError
 from .interpret import _conversion
 from .recordable import Eager
@@ -178,16 +178,9 @@ Field = Gradients
 def backward(run, target) -> Gradients:
     """The backward scan over a finished run: d target / d every node."""
     network = run.network
-    t = network.check(target, "target")
+    t = scalar_target(network, target, ", or use tape.vjp with an explicit seed")
     if t not in run._values:
         raise SymbolError(f"{target!r} was not computed by this run")
-    shape = network._specs[t].shape
-    if shape != ():
-        raise DifferentiationError(
-            f"backward needs a rank-0 target, but {target!r} has shape {list(shape)} "
-            f"(recorded at {network._sites[t]}); reduce it with .sum() or .mean() first, "
-            "or use tape.vjp with an explicit seed"
-        )
     specs = network._specs
     posture = run._backward is not None and run._backward.index == t
 
@@ -211,6 +204,28 @@ def backward(run, target) -> Gradients:
         array.flags.writeable = False
         arrays[i] = array
     return Gradients(network, arrays, t)
+
+
+def scalar_target(network, target, otherwise: str = "") -> int:
+    """The node index of ``target`` when it is a rank-0 float value; else the DifferentiationError saying why not.
+
+    The one check for every door that differentiates a finished run (``run.backward``,
+    ``recompute.backward``, ``check_gradients``); ``otherwise`` adds that door's other way out.
+    """
+    t = network.check(target, "target")
+    spec, site = network._specs[t], network._sites[t]
+    if not is_element(spec.dtype):  # before the shape: a rank-0 selection passes that and fails seeding ones
+        raise DifferentiationError(
+            f"the target {target!r} is a selection ({list(spec.shape)} {short_name(spec.dtype)}, recorded at "
+            f"{site}); a selection is indices and has no gradient: the target must be a float scalar, such as "
+            "a loss computed from the rows it picks"
+        )
+    if spec.shape != ():
+        raise DifferentiationError(
+            f"backward needs a rank-0 target, but {target!r} has shape {list(spec.shape)} "
+            f"(recorded at {site}); reduce it with .sum() or .mean() first{otherwise}"
+        )
+    return t
 
 
 def _ones(spec) -> np.ndarray:

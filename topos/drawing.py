@@ -65,6 +65,9 @@ class Drawing:
         """Write ``.dot``, ``.svg`` or ``.png`` by the path's suffix (atomically) and return the path."""
         if not isinstance(path, (str, os.PathLike)):
             raise DrawingError(f"save takes a path (str or pathlib.Path), got {type(path).__name__}")
+        if "\0" in os.fsdecode(path):  # the system ends a path at a NUL, so Python refuses it (a ValueError)
+            raise DrawingError(f"cannot save a drawing to {os.fsdecode(path)!r}: the path holds a NUL character "
+                               "('\\x00'); remove it from the name")
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix == ".dot":
@@ -466,9 +469,7 @@ def _type(t) -> str:
 
 def bisect_drawing(report, *, network=None, max_nodes: int = MAX_NODES) -> Drawing:
     """The checked nodes: within the envelope pale, outside orange, the first divergence red with its inputs."""
-    network = network if network is not None else report.network
-    if network is None:
-        raise DrawingError("this BisectReport carries no network: pass network= to topos.draw")
+    network = _report_network(report, network)
     nodes = network.nodes()
     checked = {c.index: c for c in report.checks}
     first = report.first
@@ -504,6 +505,40 @@ def bisect_drawing(report, *, network=None, max_nodes: int = MAX_NODES) -> Drawi
     lines.append(f'  label="{_escape(f"{report.summary()}")}"; labelloc=b;')
     lines.append("}")
     return Drawing("\n".join(lines) + "\n", title, nodes=len(shown))
+
+
+def _report_network(report, network):
+    """The network to draw ``report`` on: its own, or ``network`` when that is the one it was made from.
+
+    Nodes are drawn by the report's indices, so another network would be drawn with the report's
+    verdicts on its own nodes (or fail on an index it lacks).
+    """
+    from .network import Network
+
+    if network is None:
+        if report.network is None:
+            raise DrawingError("this BisectReport carries no network: pass network= to topos.draw")
+        return report.network
+    if not isinstance(network, Network):
+        raise DrawingError(f"network= takes the Network the BisectReport was made from, got "
+                           f"{type(network).__name__}")
+    nodes = network.nodes()
+    checked = {c.index for c in report.checks}
+    operands = {o.index: o.opcode for o in report.first.operands} if report.first is not None else {}
+    beyond = max(checked | set(operands), default=-1)
+    # The networks of one family are prefixes of one recording (each length is reopened at most
+    # once), so one of the report's family that holds every index it names holds the nodes it checked.
+    if report.network is not None and network.family is not report.network.family:
+        mismatch = "it belongs to another recording"
+    elif beyond >= len(nodes):
+        mismatch = f"it has {len(nodes)} nodes and the report names %{beyond}"
+    elif any(nodes[i].is_source for i in checked) or any(nodes[i].opcode.name != opcode
+                                                          for i, opcode in operands.items()):
+        mismatch = "the nodes at the report's indices are not the ones bisect checked"  # a report without its network
+    else:
+        return network
+    raise DrawingError(f"network= is not the network this BisectReport was made from: {mismatch}; leave network= "
+                       "out (a report from bisect carries its own), or pass the network of the entry bisect checked")
 
 
 # ---- DOT text ---------------------------------------------------------------------------------

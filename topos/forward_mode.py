@@ -32,8 +32,10 @@ from .errors import DifferentiationError, SymbolError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .opcodes import by_name
 from .opcodes.elementwise import log_of_base
+from .parameters import Parameters
 from .recordable import Eager, Recordable
 from .run import Run
+from .symbol import Symbol
 
 # ---- the payload ----------------------------------------------------------------------------------------
 
@@ -277,6 +279,13 @@ def jvp(network, parameters, feeds, tangents) -> tuple[Run, Tangents]:
 
 def _directions(network, tangents) -> dict[int, np.ndarray]:
     """Check each tangent against its source node: node index -> read-only array of its spec."""
+    if tangents is not None and not isinstance(tangents, (Mapping, Parameters)):
+        fix = ("; pair each with its direction: {symbol: array}" if isinstance(tangents, (list, tuple, set, Symbol))
+               else "")
+        raise DifferentiationError(
+            f"jvp's tangents map parameters and inputs (Symbols or names) to arrays, the direction, got "
+            f"{type(tangents).__name__}{fix}"
+        )
     directions = {}
     for symbol, tangent in (tangents or {}).items():
         if isinstance(symbol, str):

@@ -44,15 +44,16 @@ nodes too, and the check compares Hessian-vector products.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from .differentiate import scalar_target
 from .element import bfloat16, float32, float64, is_element, short_name
-from .errors import DifferentiationError, ToposError
+from .errors import ArgumentError, DifferentiationError, ToposError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .provenance import Site
 from .symbol import Symbol
@@ -213,17 +214,18 @@ def check_gradients(
     twin's (default: the float64 tolerance, or ``tolerance`` for a float64
     network, where the two computations are the same).
     """
-    t = network.check(target, "target")
+    t = scalar_target(network, target)
     dtype = network._specs[t].dtype
     step = DEFAULT_STEP if step is None else _positive("step", step)
+    if tolerance is None and dtype not in TOLERANCES:
+        raise ArgumentError(f"check_gradients has no default tolerance for {short_name(dtype)}, an element type "
+                            "registered outside topos: pass tolerance= (the relative error its gradients may reach)")
     tolerance = TOLERANCES[dtype] if tolerance is None else _positive("tolerance", tolerance)
     if rule_tolerance is None:
         rule_tolerance = tolerance if dtype == float64 else TOLERANCES[float64]
     else:
         rule_tolerance = _positive("rule_tolerance", rule_tolerance)
-    checked: tuple = (tuple(network.parameter_symbols()) if wrt is None
-                      else (wrt,) if isinstance(wrt, Symbol) or hasattr(wrt, "symbol")  # one symbol or Value
-                      else tuple(wrt))
+    checked = _wrt_symbols(network, wrt)
     if not checked:
         raise DifferentiationError("check_gradients: wrt=[] names nothing to check, so the report would pass "
                                    "having checked nothing; leave wrt out to check every parameter")
@@ -234,7 +236,7 @@ def check_gradients(
                                    "than once; list each symbol once")
 
     run = network.forward(parameters, feeds)
-    gradients = run.backward(target)  # raises DifferentiationError for a non-scalar target
+    gradients = run.backward(target)
     twin = _Twin(network, parameters, feeds, t)
     twin_gradients = twin.reverse_scan(indices)
 
@@ -264,8 +266,6 @@ def check_gradients(
 
 def _positive(name: str, value) -> float:
     """A step or tolerance: a finite number above 0 (a negative tolerance would fail every entry)."""
-    from .errors import ArgumentError
-
     number = float(value) if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)) else math.nan
     if not (math.isfinite(number) and number > 0):
@@ -277,6 +277,20 @@ def _format_step(step: float) -> str:
     """A power-of-two step as 2^-k (how it is chosen), anything else as a number."""
     mantissa, exponent = math.frexp(step)
     return f"2^{exponent - 1}" if mantissa == 0.5 else f"{step:g}"
+
+
+def _wrt_symbols(network, wrt) -> tuple:
+    """``wrt`` as a tuple: every parameter when None, one Symbol or Value, or the ones a list names."""
+    if wrt is None:
+        return tuple(network.parameter_symbols())
+    if isinstance(wrt, Symbol) or hasattr(wrt, "symbol"):  # one symbol or Value
+        return (wrt,)
+    if isinstance(wrt, str) or not isinstance(wrt, Iterable):  # a name would be iterated into letters
+        fix = f"for the slot named {wrt!r} pass network.named({wrt!r})" if isinstance(wrt, str) else (
+            "leave wrt out to check every parameter")
+        raise DifferentiationError(f"check_gradients: wrt takes a parameter or input (its Symbol or Value) or a "
+                                   f"list of them, got {type(wrt).__name__} {wrt!r}; {fix}")
+    return tuple(wrt)
 
 
 def _wrt_index(network, symbol) -> int:

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from .copies import own
-from .differentiate import varying
-from .errors import ArgumentError, DifferentiationError
+from .differentiate import scalar_target, varying
+from .errors import ArgumentError
 from .interpret import bind_feeds, bind_parameters, source_value
 from .opcodes import OUTPUT
 from .parameters import Parameters
@@ -54,13 +54,8 @@ def backward(network, parameters, feeds, target, *, segment: int | None = None) 
     is how many computed nodes each recomputed segment holds (default:
     about the square root of the target's computed ancestors).
     """
-    t = network.check(target, "target")
+    t = scalar_target(network, target)
     spec = network._specs[t]
-    if spec.shape != ():
-        raise DifferentiationError(
-            f"backward needs a rank-0 target, but {target!r} has shape {list(spec.shape)} "
-            f"(recorded at {network._sites[t]}); reduce it with .sum() or .mean() first"
-        )
     bound_parameters = bind_parameters(network, parameters)
     bound_feeds = bind_feeds(network, feeds)
     ancestors = sorted(network.entry([target]).closure())

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bisect import _check_entry
 from ..copies import own
 from ..element import SelectionType, check_indices, is_element
 from ..errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
@@ -139,6 +140,7 @@ def to_jax(source, *, platform: str | None = None, debug_info: bool = True) -> J
     """
     jax = _jax()
     plan = _plan_of(source)
+    _check_platform(platform)
     x64 = x64_enabled()
     network = plan.network
     closure = sorted(plan.entry.closure())
@@ -164,6 +166,31 @@ def _plan_of(source):
         return plan
     hint = "; lower an entry of it first: to_jax(network.entry([loss]).lower())" if hasattr(source, "entry") else ""
     raise ArgumentError(f"to_jax takes a Plan, an Entry or a CompiledPlan, got {type(source).__name__}{hint}")
+
+
+# jax's built-in PJRT platforms, as jax.export names them. jax takes any string and fails only when
+# the function runs, with a ValueError that does not say which argument was wrong.
+_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def _check_platform(platform) -> None:
+    if platform is None or platform in _PLATFORMS:
+        return
+    spelled = platform.lower() if isinstance(platform, str) else None
+    fix = (f"write it in lower case: platform={spelled!r}" if spelled in _PLATFORMS else
+           "name the GPU's runtime: platform='cuda' (NVIDIA) or 'rocm' (AMD)" if spelled == "gpu" else
+           "name one of them, or leave platform out for jax's default backend")
+    raise ArgumentError(f"to_jax(platform=...) takes one of {', '.join(map(repr, _PLATFORMS))}, got "
+                        f"{type(platform).__name__} {platform!r}; {fix}")
+
+
+def _wrong_platform(error: ValueError, platform: str) -> ArgumentError | None:
+    """The refusal of a function exported for one platform and run on another, or None for other errors."""
+    if "was exported for platforms" not in str(error):
+        return None
+    here = _jax().default_backend()
+    return ArgumentError(f"this function was built with to_jax(platform={platform!r}), and jax runs it on {here!r}; "
+                         f"call to_jax again with platform={here!r}, or leave platform out for jax's default backend")
 
 
 def _check_precision(network, indices: Sequence[int], x64: bool) -> None:
@@ -348,7 +375,8 @@ class JaxFunction:
         try:
             return tuple(self.exported.call(*arrays))
         except ValueError as error:  # jax's own shape and dtype checks: name the argument
-            raise FeedError(f"{user_site()}: {self._named(str(error))}") from None
+            raise _wrong_platform(error, self.platform) or FeedError(
+                f"{user_site()}: {self._named(str(error))}") from None
 
     def _check_numpy_arguments(self, arrays: Sequence) -> None:
         """Refuse what jax would change without a word in a NumPy argument.
@@ -491,6 +519,11 @@ class JaxFunction:
             return JaxRun(self, self._jitted(*arguments))
         except jax.errors.JaxRuntimeError as error:  # XLA refused or failed to run the module
             raise JaxModuleError(f"{user_site()}: XLA could not compile or run this plan's module: {error}") from None
+        except ValueError as error:  # the platform is checked when jit lowers the call, after __call__ traced
+            wrong = _wrong_platform(error, self.platform)
+            if wrong is None:
+                raise
+            raise wrong from None
 
     def __repr__(self) -> str:
         return (f"<JaxFunction on {self.platform}: {len(self.parameters)} parameters, {len(self.inputs)} inputs, "
@@ -643,6 +676,10 @@ def grade(entry, parameters, feeds=None, *, platform: str | None = None, shardin
     from ..dialect import conformance
     from ..plan import Numerics
 
+    _check_entry(entry, "grade")
+    if case_of is not None and not isinstance(case_of, Mapping):
+        raise ArgumentError(f"grade(case_of=...) maps node indices to case labels (a dict such as {{3: 'tanh/wide'}}), "
+                            f"got {type(case_of).__name__} {case_of!r}")
     network = entry.network
     closure = sorted(entry.closure())
     declared = {s.index for s in entry.results}
