@@ -28,16 +28,20 @@ Examples import this file as ``_training`` (it sits beside them; each adds
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 import topos
 from topos import Numerics, ToposError
-from topos.dialect.targets import TARGETS, TargetError
+from topos.dialect.targets import TARGETS
+from topos.files import replacing
 
 ROUTES = ("iree", "plan", "oracle")
 
@@ -47,10 +51,11 @@ def parser(description: str, steps: int, seed: int = 42) -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(description=description)
     add_reading_options(parser, "trains")
     parser.add_argument("--steps", type=positive, default=steps, help=f"training steps (default {steps})")
-    parser.add_argument("--seed", type=int, default=seed,
+    parser.add_argument("--seed", type=seed_value, default=seed,
                         help=f"seed of the data split, batches and init (default {seed})")
-    parser.add_argument("--plot", metavar="PATH", help="write the loss curve to PATH (PNG, with matplotlib)")
-    parser.add_argument("--check", type=int, default=3, metavar="N",
+    parser.add_argument("--plot", metavar="PATH", type=plot_path,
+                        help=f"write the loss curve to PATH ({_PLOT_SUFFIXES}, by its suffix; with matplotlib)")
+    parser.add_argument("--check", type=non_negative, default=3, metavar="N",
                         help="steps checked against the oracle before training (default 3; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -74,6 +79,103 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+# The generators take 64-bit seeds; the bound leaves room for the seed + 1 an example derives from its seed.
+_SEED_BOUND = 2**63
+
+
+def seed_value(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < _SEED_BOUND:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..2**63-1, got {text}")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def rate(text: str) -> float:
+    """A learning rate: a positive finite number."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in 0..1, such as the momentum of batch norm's running statistics."""
+    value = _finite(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in 0..1, got {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """A finite number >= 0, such as a sampling temperature (0 is greedy)."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def output_path(text: str) -> str:
+    """A file the run will write at its end: its folder is checked now, so a finished run is not thrown away."""
+    target = os.path.realpath(text)  # through a symlink, as the write will go
+    if os.path.isdir(target):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} is read-only; name another file or make it writable")
+    folder = os.path.dirname(target)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"a file stands at {folder}, where the folder of {text} should be; "
+                                         "name a file in a folder")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"the folder {folder} takes no new files; name a file in another")
+    return text
+
+
+def output_folder(text: str) -> Path:
+    """A folder the run will write into, made if missing: the part of it that exists must be a folder taking files."""
+    folder = Path(text)
+    for place in (folder.absolute(), *folder.absolute().parents):
+        if not place.exists():
+            continue
+        if not place.is_dir():
+            raise argparse.ArgumentTypeError(f"a file stands at {place}, where the folder {text} should be; "
+                                             "name a folder")
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"the folder {place} takes no new files; name another")
+        break
+    return folder
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")  # what matplotlib writes without a backend beyond Agg
+_PLOT_SUFFIXES = ".png, .svg or .pdf"
+
+
+def plot_path(text: str) -> str:
+    """``--plot``: a .png, .svg or .pdf file in a folder that exists, with matplotlib installed."""
+    suffix = os.path.splitext(text)[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in {_PLOT_SUFFIXES}; name the file with one "
+                                         "of them")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError("needs matplotlib: pip install -e '.[examples]'")
+    return output_path(text)
 
 
 class ExampleError(ToposError):
@@ -216,14 +318,14 @@ def in_chunks(read: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], row
     return np.concatenate(outputs)
 
 
-def run(main: Callable[[], None]) -> None:
-    """Call an example's ``main``; an ExampleError (bad data, bad options) or a TargetError (a ``--target``
-    this machine cannot run) is one line on stderr and exit status 1."""
+def run(main: Callable[[], object]) -> None:
+    """Call an example's ``main``; a ToposError (bad data or options, a ``--target`` this machine cannot run,
+    a file that is not a checkpoint) is one line on stderr and exit status 1."""
     import sys
 
     try:
         main()
-    except (ExampleError, TargetError) as error:
+    except ToposError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -260,7 +362,10 @@ def _progress(steps: int, quiet: bool, description: str):
 
 
 def plot(losses: Sequence[float], path: str, title: str) -> None:
-    """The loss curve (and its 100-step mean) as a PNG at ``path``."""
+    """The loss curve (and its 100-step mean) at ``path``, in the format its suffix names (``PLOT_FORMATS``)."""
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise ExampleError(f"cannot write the plot to {path}: name a {_PLOT_SUFFIXES} file")
     try:
         import matplotlib
 
@@ -280,8 +385,9 @@ def plot(losses: Sequence[float], path: str, title: str) -> None:
     axes.legend()
     figure.tight_layout()
     try:
-        figure.savefig(path, dpi=120)
-    except OSError as error:
+        with replacing(path) as handle:
+            figure.savefig(handle, format=suffix, dpi=120)
+    except (OSError, ValueError) as error:
         raise ExampleError(f"cannot write the plot to {path}: {error}") from None
     finally:
         plt.close(figure)

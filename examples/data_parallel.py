@@ -38,21 +38,35 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _training
 sys.path.insert(0, str(HERE / "makemore"))  # mlp, names, series
 
-from _training import positive  # noqa: E402  (topos only: jax must not be imported before --devices)
+from _training import positive, run, seed_value  # noqa: E402  (topos only: jax must not be imported before --devices)
+
+# XLA's CPU client runs every host device's share of an all-reduce on one shared thread pool: past a few
+# hundred devices their rendezvous stalls (512 aborted after 80 s on 2 cores), and 65,536 hang at start-up.
+MOST_DEVICES = 256
+
+
+def _device_count(text: str) -> int:
+    count = positive(text)
+    if count > MOST_DEVICES:
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_DEVICES} devices (XLA stalls on more host "
+                                         f"devices), got {text}")
+    return count
 
 
 def _counts(text: str) -> list[int]:
     """``--timing``: comma-separated device counts, each a positive integer (empty: no timing)."""
     try:
-        return [positive(n) for n in text.split(",") if n.strip()]
+        return [_device_count(n) for n in text.split(",") if n.strip()]
     except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(
-            f"takes device counts separated by commas (e.g. 1,2,4), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"takes device counts separated by commas (e.g. 1,2,4), each in "
+                                         f"1..{MOST_DEVICES}, got {text!r}") from None
 
 
 def command_line() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--devices", type=positive, default=2, help="devices the sharded step runs on (default 2)")
+    options.add_argument("--devices", type=_device_count, default=2,
+                         help=f"devices the sharded step runs on (default 2; at most {MOST_DEVICES}: on a CPU, "
+                              "XLA's all-reduce stalls when the host is split into more)")
     options.add_argument("--steps", type=positive, default=500, help="training steps of each run (default 500)")
     options.add_argument("--batch", type=positive, default=256,
                          help="rows per step, split over the devices (default 256)")
@@ -64,7 +78,7 @@ def command_line() -> argparse.ArgumentParser:
     options.add_argument("--timing-steps", type=positive, default=100, help="steps in a timed round (default 100)")
     options.add_argument("--timing-rounds", type=positive, default=5,
                          help="timed rounds per device count (default 5)")
-    options.add_argument("--seed", type=int, default=42)
+    options.add_argument("--seed", type=seed_value, default=42)
     options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
 
@@ -202,4 +216,4 @@ def main(argv=None) -> None:
             print(f"{count:>8} {per_step:>9.3f} {ratio}")
 
 if __name__ == "__main__":
-    main()
+    run(main)

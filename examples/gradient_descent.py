@@ -14,12 +14,18 @@ Run: python examples/gradient_descent.py [--target llvm-cpu] [--oracle-only]
 """
 
 import argparse
+import sys
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _training
 
-import topos
-from topos import Tape
-from topos.dialect.targets import TARGETS
+import numpy as np  # noqa: E402
+
+import topos  # noqa: E402
+from topos import Tape  # noqa: E402
+from topos.dialect.targets import TARGETS  # noqa: E402
+
+from _training import run  # noqa: E402
 
 SAMPLES = [(1.0, 3.0), (2.0, 5.0), (3.0, 7.0), (-1.0, -1.0)]  # y = 2x + 1
 
@@ -99,4 +105,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

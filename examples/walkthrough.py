@@ -18,7 +18,6 @@ Run: python examples/walkthrough.py [--drawings DIR]
 """
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
@@ -26,9 +25,12 @@ import topos
 from topos import Numerics, Tape
 from topos.drawing import graphviz_available, save_stage
 
+import _training  # beside this file: a script's folder is on sys.path
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--drawings", default="walkthrough-drawings", help="folder for the drawings of each stage")
-drawings = Path(parser.parse_args().drawings)
+parser.add_argument("--drawings", type=_training.output_folder, default="walkthrough-drawings",
+                    help="folder for the drawings of each stage")
+drawings = parser.parse_args().drawings
 
 
 def banner(title: str) -> None:
@@ -36,7 +38,7 @@ def banner(title: str) -> None:
 
 
 def drawn(stage: str, drawing: topos.Drawing) -> None:
-    save_stage(drawing, drawings, stage)
+    _training.run(lambda: save_stage(drawing, drawings, stage))  # Graphviz or a full disk can still refuse
 
 
 # 1. Record. Shapes and element types are fixed here, at the recording line.

@@ -547,3 +547,26 @@ def test_command_line_errors_print_without_a_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
     assert topos is not None
+
+
+def test_a_model_past_the_byte_vocabulary_without_a_tokenizer_is_refused_before_generating(tmp_path, monkeypatch):
+    """Bytes cannot spell its ids past 255: generating in full and then failing to decode would waste the run."""
+    generate = _script("generate")
+    monkeypatch.setattr(generate, "record_generation", lambda *a, **k: pytest.fail("recorded before refusing"))
+    with pytest.raises(ExampleError, match=r"^the model has 50257 tokens but no --tokenizer was given \(bytes: 256\); "
+                                           r"pass --tokenizer FOLDER$"):
+        generate.main(["--config", "124M", "--route", "oracle"])
+    config = TINY.with_(vocabulary=300)
+    weights = write_hf(tmp_path / "model.safetensors", hf_state(config), config)
+    with pytest.raises(ExampleError, match=r"the model has 300 tokens but no --tokenizer was given"):
+        generate.main(["--weights", str(weights), "--route", "oracle"])
+
+
+def test_a_text_file_saved_with_a_byte_order_mark_trains_on_its_text_only(tmp_path):
+    from corpus import encoded, read_text
+
+    path = tmp_path / "text.txt"
+    path.write_text("hello\nworld\n", encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert read_text(str(path), seed=0) == "hello\nworld\n"
+    assert bytes(encoded(str(path), seed=0).astype(np.uint8)) == b"hello\nworld\n"

@@ -303,3 +303,16 @@ def test_script_errors_are_messages(tmp_path, capsys):
         generate.main(["--weights", str(path), "--ids", "1,2", "--tokens", "15", "--route", "oracle"])
     with pytest.raises(ExampleError, match="comma-separated"):
         generate.main(["--weights", str(path), "--ids", "1;2"])
+
+
+@pytest.mark.parametrize("prompt", [["--prompt", "an"], []], ids=["given", "default-newline"])
+def test_a_text_prompt_for_a_model_not_of_256_bytes_is_refused_before_recording(prompt, tmp_path, monkeypatch):
+    """Its bytes would be ids of the model's own tokens, and the new ids printed as bytes would be noise."""
+    path = write_hf(tmp_path, hf_state(TINY), TINY)  # 64 tokens
+    generate = _script("generate")
+    monkeypatch.setattr(generate, "record_generation", lambda *a, **k: pytest.fail("recorded before refusing"))
+    with pytest.raises(ExampleError, match=r"the model has 64 tokens, not the 256 bytes --prompt is read as; "
+                                           r"pass the prompt as token ids: --ids"):
+        generate.main(["--weights", str(path), *prompt])
+    with pytest.raises(ExampleError, match=r"--ids must be comma-separated integers, got ''"):
+        generate.main(["--weights", str(path), "--ids", ""])

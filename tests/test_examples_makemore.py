@@ -203,6 +203,14 @@ def test_a_missing_names_file_is_an_example_error(tmp_path):
         EXAMPLES["mlp"].main(["--data", str(tmp_path / "absent.txt")])
 
 
+def test_a_names_file_saved_with_a_byte_order_mark_reads_as_its_names(tmp_path):
+    path = tmp_path / "names.txt"
+    path.write_text("emma\nanna\nbob\ncarl\ndora\nfred\ngus\nhal\nida\njo\n", encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")  # as Notepad saves UTF-8
+    names = load(path)
+    assert "emma" in names.train + names.dev + names.test and "\ufeff" not in names.characters
+
+
 def _ten_names(tmp_path) -> object:
     path = tmp_path / "names.txt"
     path.write_text("anna\nbob\ncarl\ndora\nemma\nfred\ngus\nhal\nida\njo\n")

@@ -135,6 +135,20 @@ def test_the_gradient_descent_example_trains_on_the_oracle_and_on_one_compiled_m
     assert "compiled for" not in capsys.readouterr().out
 
 
+def test_the_gradient_descent_example_prints_a_target_it_cannot_compile_for_as_one_line(tmp_path):
+    """Its docstring's --target: a refusal is one line and exit status 1 (metal holds no float64, on any machine)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "gradient_descent.py"
+    done = subprocess.run([sys.executable, str(path), "--target", "metal"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TOPOS_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: ") and "metal" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_map_zip_add_and_scalar_multiply_act_per_slot(recorded):
     _, parameters, (w, b, *_) = recorded
     doubled = parameters.map(lambda a: a + a)

@@ -32,7 +32,7 @@ from cifar10.data import CHANNELS, CLASSES, SIDE, Cifar, load  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
 
-from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
+from _training import ExampleError, Reader, fit, in_chunks, parser, plot, positive, run  # noqa: E402
 
 WIDTHS = (16, 32, 64)
 
@@ -102,15 +102,14 @@ def accuracy(logits_of, images: np.ndarray, labels: np.ndarray, rows: int) -> fl
 def main(argv=None) -> None:
     options = parser(__doc__.splitlines()[0], steps=2000)
     options.add_argument("--data", metavar="DIR", help="the folder of CIFAR-10's binary batches (required)")
-    options.add_argument("--limit", type=int, metavar="N", help="train on the first N training images only")
+    options.add_argument("--limit", type=positive, metavar="N", help="train on the first N training images only")
     options.add_argument("--convs", type=int, choices=(1, 2), default=1, help="convolutions per stage (default 1)")
-    options.add_argument("--batch", type=int, default=64, help="training batch (default 64)")
-    options.add_argument("--test-batch", type=int, default=1000,
+    options.add_argument("--batch", type=positive, default=64, help="training batch (default 64)")
+    options.add_argument("--test-batch", type=positive, default=1000,
                          help="rows per read of the test split (default 1000, or the whole split if smaller)")
     args = options.parse_args(argv)
-    if args.batch < 2 or args.test_batch < 1:
-        raise ExampleError(f"--batch {args.batch} must be at least 2 (batch norm) and --test-batch "
-                           f"{args.test_batch} positive")
+    if args.batch < 2:
+        raise ExampleError(f"--batch {args.batch} must be at least 2: batch norm divides by the batch less one")
     if args.limit is not None and args.limit < args.batch:
         raise ExampleError(f"--limit {args.limit} is smaller than a batch of {args.batch}; raise --limit or "
                            "lower --batch")

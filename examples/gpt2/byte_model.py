@@ -20,7 +20,7 @@ import numpy as np
 
 from topos import checkpoint, init
 
-from _training import Reader, fit, plot
+from _training import Reader, fit, non_negative_number, output_path, plot, positive, rate
 from bpe import Bytes
 from corpus import encoded, learning_rate, split, windows
 from sampling import Decoder, Sampling, generate
@@ -28,13 +28,15 @@ from sampling import Decoder, Sampling, generate
 
 def add_options(options: argparse.ArgumentParser, names: str) -> argparse.ArgumentParser:
     """The options beside the model's sizes: batch, rate, sampling, data and --save (under ``names``' names)."""
-    options.add_argument("--batch", type=int, default=16, help="windows per step (default 16)")
-    options.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
-    options.add_argument("--samples", type=int, default=4, help="rows of the sample (default 4)")
-    options.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 is greedy)")
-    options.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest bytes only")
+    options.add_argument("--batch", type=positive, default=16, help="windows per step (default 16)")
+    options.add_argument("--lr", type=rate, default=3e-3, help="peak learning rate (default 3e-3)")
+    options.add_argument("--samples", type=positive, default=4, help="rows of the sample (default 4)")
+    options.add_argument("--temperature", type=non_negative_number, default=1.0,
+                         help="sampling temperature (0 is greedy)")
+    options.add_argument("--top-k", type=positive, default=None, help="sample among the k likeliest bytes only")
     options.add_argument("--data", help="a UTF-8 text file of your own to train on")
-    options.add_argument("--save", metavar="PATH", help=f"write the trained weights (Hugging Face {names} names)")
+    options.add_argument("--save", metavar="PATH", type=output_path,
+                         help=f"write the trained weights (Hugging Face {names} names)")
     return options
 
 

@@ -25,7 +25,7 @@ def read_text(path: str | None, seed: int) -> str:
     """The training text: the shipped names shuffled and joined with newlines, or a user's file as it is."""
     source = Path(path) if path is not None else NAMES
     try:
-        text = source.read_text(encoding="utf-8")
+        text = source.read_text(encoding="utf-8-sig")  # a byte-order mark is not text to learn
     except (OSError, UnicodeDecodeError) as error:
         raise ExampleError(f"cannot read the text {source}: {error}; pass --data FILE, a UTF-8 text file") from None
     if path is None:

@@ -34,11 +34,19 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 
-from topos import ToposError, init  # noqa: E402
+from topos import init  # noqa: E402
 
 import bpe  # noqa: E402
 import hf_gpt2  # noqa: E402
-from _training import ExampleError, add_reading_options, reading  # noqa: E402
+from _training import (  # noqa: E402
+    ExampleError,
+    add_reading_options,
+    non_negative_number,
+    positive,
+    reading,
+    run,
+    seed_value,
+)
 from gpt2 import PRESETS, Config, record_generation  # noqa: E402
 from sampling import Decoder, Sampling, generate  # noqa: E402
 
@@ -50,11 +58,11 @@ def options() -> argparse.ArgumentParser:
                          help="auto: the file's sizes (tiny without --weights)")
     options.add_argument("--tokenizer", metavar="FOLDER", help="the folder of GPT-2's vocab.json and merges.txt")
     options.add_argument("--prompt", default="\n", help="the text to continue (default a newline)")
-    options.add_argument("--tokens", type=int, default=40, help="new tokens per row (default 40)")
-    options.add_argument("--samples", type=int, default=1, help="rows generated at once (default 1)")
-    options.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1)")
-    options.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
-    options.add_argument("--seed", type=int, default=42, help="seed of the sampling (and of random weights)")
+    options.add_argument("--tokens", type=positive, default=40, help="new tokens per row (default 40)")
+    options.add_argument("--samples", type=positive, default=1, help="rows generated at once (default 1)")
+    options.add_argument("--temperature", type=non_negative_number, default=1.0, help="0 is greedy (default 1)")
+    options.add_argument("--top-k", type=positive, default=None, help="sample among the k likeliest tokens")
+    options.add_argument("--seed", type=seed_value, default=42, help="seed of the sampling (and of random weights)")
     add_reading_options(options, "generates")
     return options
 
@@ -67,9 +75,11 @@ def choose_config(args) -> Config:
 
 def main(argv=None) -> list[str]:
     args = options().parse_args(argv)
-    if args.tokens < 1 or args.samples < 1:
-        raise ExampleError("--tokens and --samples must be positive")
     config = choose_config(args)
+    if args.tokenizer is None and config.vocabulary > bpe.Bytes.vocabulary:
+        # Refused now: generating in full and then failing to decode an id past 255 throws the run away.
+        raise ExampleError(f"the model has {config.vocabulary} tokens but no --tokenizer was given (bytes: "
+                           f"{bpe.Bytes.vocabulary}); pass --tokenizer FOLDER")
     tokenizer = bpe.load(args.tokenizer)
     if tokenizer.vocabulary > config.vocabulary:
         raise ExampleError(f"the tokenizer has {tokenizer.vocabulary} tokens but the model only "
@@ -101,7 +111,4 @@ def main(argv=None) -> list[str]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ToposError as error:
-        sys.exit(f"error: {error}")
+    run(main)

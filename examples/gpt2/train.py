@@ -27,10 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE))  # gpt2, bpe, corpus, sampling, ...
 
-from topos import ToposError  # noqa: E402
-
 import hf_gpt2  # noqa: E402
-from _training import ExampleError, parser  # noqa: E402
+from _training import ExampleError, parser, positive, run  # noqa: E402
 from bpe import Bytes  # noqa: E402
 from byte_model import add_options, train_and_sample  # noqa: E402
 from gpt2 import Config, record_generation, record_training  # noqa: E402
@@ -38,10 +36,10 @@ from gpt2 import Config, record_generation, record_training  # noqa: E402
 
 def options():
     options = parser(__doc__.splitlines()[0], steps=2000)
-    options.add_argument("--layers", type=int, default=2)
-    options.add_argument("--heads", type=int, default=2)
-    options.add_argument("--width", type=int, default=64)
-    options.add_argument("--context", type=int, default=64, help="window length and the model's context")
+    options.add_argument("--layers", type=positive, default=2)
+    options.add_argument("--heads", type=positive, default=2)
+    options.add_argument("--width", type=positive, default=64)
+    options.add_argument("--context", type=positive, default=64, help="window length and the model's context")
     return add_options(options, "GPT-2")
 
 
@@ -57,7 +55,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ToposError as error:  # ExampleError, CheckpointError, ...: the message says what to do
-        sys.exit(f"error: {error}")
+    run(main)

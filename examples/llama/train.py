@@ -24,10 +24,8 @@ sys.path.insert(0, str(HERE.parent))  # examples/: _training
 sys.path.insert(0, str(HERE.parent / "gpt2"))  # corpus, kv_cache, sampling: shared with the GPT-2 example
 sys.path.insert(0, str(HERE))  # llama, hf_llama
 
-from topos import ToposError  # noqa: E402
-
 import hf_llama  # noqa: E402
-from _training import ExampleError, parser  # noqa: E402
+from _training import ExampleError, parser, positive, run  # noqa: E402
 from byte_model import add_options, train_and_sample  # noqa: E402
 from llama import Config, record_generation, record_training  # noqa: E402
 
@@ -36,7 +34,7 @@ def options():
     options = parser(__doc__.splitlines()[0], steps=2000)
     defaults = Config()
     for name in ("layers", "heads", "kv_heads", "width", "intermediate", "context"):
-        options.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+        options.add_argument(f"--{name.replace('_', '-')}", type=positive, default=getattr(defaults, name))
     options.add_argument("--tied", action="store_true", help="tie the output projection to the token table")
     return add_options(options, "Llama")
 
@@ -53,7 +51,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ToposError as error:  # ExampleError, CheckpointError, ...: the message says what to do
-        sys.exit(f"error: {error}")
+    run(main)

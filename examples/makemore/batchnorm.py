@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim, selection  # noqa: E402
 
-from _training import fit, plot, run  # noqa: E402
+from _training import fit, fraction, plot, positive, run  # noqa: E402
 from mlp import learning_rate  # noqa: E402
 from names import Names  # noqa: E402
 from series import finish, parser, read_dev_and_sample, windows  # noqa: E402
@@ -80,11 +80,11 @@ def command_line() -> argparse.ArgumentParser:
     """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=5000)
     options.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    options.add_argument("--context", type=int, default=3)
-    options.add_argument("--embedding", type=int, default=10)
-    options.add_argument("--hidden", type=int, default=100)
-    options.add_argument("--batch", type=int, default=64)
-    options.add_argument("--momentum", type=float, default=0.1, help="of the running statistics (default 0.1)")
+    options.add_argument("--context", type=positive, default=3)
+    options.add_argument("--embedding", type=positive, default=10)
+    options.add_argument("--hidden", type=positive, default=100)
+    options.add_argument("--batch", type=positive, default=64)
+    options.add_argument("--momentum", type=fraction, default=0.1, help="of the running statistics (default 0.1)")
     return options
 
 

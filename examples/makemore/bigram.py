@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
 
-from _training import Reader, fit, plot, run  # noqa: E402
+from _training import Reader, fit, non_negative_number, plot, run  # noqa: E402
 from names import Names, contexts, load  # noqa: E402
 from series import parser, sample  # noqa: E402
 
@@ -138,18 +138,11 @@ def learning_rate(args, step: int) -> float:
     return 0.3 if step < args.steps // 2 else 0.03 if step < int(0.8 * args.steps) else 0.003
 
 
-def _smoothing(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a count >= 0, got {text}")
-    return value
-
-
 def command_line() -> argparse.ArgumentParser:
     """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=200)
     options.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    options.add_argument("--smoothing", type=_smoothing, default=1.0,
+    options.add_argument("--smoothing", type=non_negative_number, default=1.0,
                          help="pretend counts added to every pair (default 1; 0: none)")
     return options
 

@@ -62,7 +62,7 @@ def load(path: str | Path | None = None, seed: int = 42) -> Names:
 
     path = Path(path) if path is not None else SHIPPED
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name's letter
     except (OSError, UnicodeDecodeError) as error:
         raise ExampleError(f"cannot read the names file {path}: {error}; pass --data FILE, one name per line") from None
     lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if line.strip()]

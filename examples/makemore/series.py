@@ -19,7 +19,7 @@ import numpy as np
 
 from topos import init
 
-from _training import Reader, in_chunks
+from _training import Reader, in_chunks, positive
 from _training import parser as harness_parser
 from names import Names, contexts, load
 
@@ -27,7 +27,7 @@ from names import Names, contexts, load
 def parser(description: str, steps: int) -> argparse.ArgumentParser:
     """The harness's options (--route, --steps, --seed, --plot, --check, --quiet), --samples and --data."""
     options = harness_parser(description, steps=steps)
-    options.add_argument("--samples", type=int, default=20, help="names drawn at the end (default 20)")
+    options.add_argument("--samples", type=positive, default=20, help="names drawn at the end (default 20)")
     options.add_argument("--data", help="a names file of your own (one lowercase name per line)")
     return options
 

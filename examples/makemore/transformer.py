@@ -43,7 +43,7 @@ import topos  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, nn, optim  # noqa: E402
 
-from _training import Reader, fit, in_chunks, plot, run  # noqa: E402
+from _training import Reader, fit, in_chunks, plot, positive, rate, run  # noqa: E402
 from names import Names  # noqa: E402
 from series import finish, parser, sample, windows  # noqa: E402
 
@@ -120,12 +120,12 @@ def learning_rate(args, step: int) -> float:
 def command_line() -> argparse.ArgumentParser:
     """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=5000)
-    options.add_argument("--context", type=int, default=8)
-    options.add_argument("--layers", type=int, default=1)
-    options.add_argument("--heads", type=int, default=2)
-    options.add_argument("--head-size", type=int, default=16, help="width = heads x head size (default 2 x 16)")
-    options.add_argument("--batch", type=int, default=32)
-    options.add_argument("--lr", type=float, default=5e-3, help="AdamW's rate (default 5e-3)")
+    options.add_argument("--context", type=positive, default=8)
+    options.add_argument("--layers", type=positive, default=1)
+    options.add_argument("--heads", type=positive, default=2)
+    options.add_argument("--head-size", type=positive, default=16, help="width = heads x head size (default 2 x 16)")
+    options.add_argument("--batch", type=positive, default=32)
+    options.add_argument("--lr", type=rate, default=5e-3, help="AdamW's rate (default 5e-3)")
     return options
 
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # names, series
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim, selection  # noqa: E402
 
-from _training import fit, plot, run  # noqa: E402
+from _training import fit, fraction, plot, positive, run  # noqa: E402
 from names import Names  # noqa: E402
 from series import finish, parser, read_dev_and_sample, windows  # noqa: E402
 
@@ -130,10 +130,10 @@ def command_line() -> argparse.ArgumentParser:
     """The options: the series' (the harness's, --samples, --data) and this model's."""
     options = parser(__doc__.splitlines()[0], steps=20000)
     options.add_argument("--context", type=_power_of_two, default=8, help="characters seen (a power of two; default 8)")
-    options.add_argument("--embedding", type=int, default=24)
-    options.add_argument("--hidden", type=int, default=128)
-    options.add_argument("--batch", type=int, default=32)
-    options.add_argument("--momentum", type=float, default=0.1, help="of the running statistics (default 0.1)")
+    options.add_argument("--embedding", type=positive, default=24)
+    options.add_argument("--hidden", type=positive, default=128)
+    options.add_argument("--batch", type=positive, default=32)
+    options.add_argument("--momentum", type=fraction, default=0.1, help="of the running statistics (default 0.1)")
     return options
 
 

@@ -28,7 +28,7 @@ from mnist.data import CLASSES, Digits, load  # noqa: E402
 import topos.nn.functional as F  # noqa: E402
 from topos import Tape, init, nn, optim  # noqa: E402
 
-from _training import ExampleError, Reader, fit, in_chunks, parser, plot, run  # noqa: E402
+from _training import Reader, fit, in_chunks, parser, plot, positive, run  # noqa: E402
 
 
 class LeNet(nn.Module):
@@ -79,12 +79,10 @@ def main(argv=None) -> None:
     options = parser(__doc__.splitlines()[0], steps=2000)
     options.add_argument("--data", metavar="DIR",
                          help="a folder with MNIST's four IDX files, plain or .gz (default: scikit-learn's 8x8 digits)")
-    options.add_argument("--batch", type=int, default=64, help="training batch (default 64)")
-    options.add_argument("--test-batch", type=int, default=1000,
+    options.add_argument("--batch", type=positive, default=64, help="training batch (default 64)")
+    options.add_argument("--test-batch", type=positive, default=1000,
                          help="rows per read of the test split (default 1000, or the whole split if smaller)")
     args = options.parse_args(argv)
-    if args.batch < 1 or args.test_batch < 1:
-        raise ExampleError(f"--batch {args.batch} and --test-batch {args.test_batch} must be positive")
 
     digits = load(args.data, seed=args.seed)
     print(digits.describe())
