@@ -303,7 +303,8 @@ def test_bad_subjects_stages_and_paths_are_named(recorded, tmp_path):
         topos.draw(network).save(tmp_path / "plate.pdf")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(DrawingError, match="cannot write the drawing"):
+    with pytest.raises(DrawingError, match=rf"cannot write the drawing .*: a file stands at {blocker}, where a "
+                                           "folder should be"):
         topos.draw(network).save(blocker / "plate.dot")
     with pytest.raises(DrawingError, match=r"the path holds a NUL character .*remove it"):
         topos.draw(network).save(str(tmp_path / "pl\0ate.dot"))

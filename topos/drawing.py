@@ -82,7 +82,10 @@ class Drawing:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(path, data)
         except OSError as error:
-            raise DrawingError(f"cannot write the drawing to {path}: {error.strerror or error}") from None
+            blocking = next((p for p in path.parents if p.is_file()), None)  # mkdir's "File exists" names no file
+            why = (f"a file stands at {blocking}, where a folder should be" if blocking is not None
+                   else error.strerror or error)
+            raise DrawingError(f"cannot write the drawing to {path}: {why}") from None
         return path
 
     def digest(self) -> str:
