@@ -74,29 +74,21 @@ def reading(args) -> str:
     return args.route if args.route != "iree" or args.target == "llvm-cpu" else f"iree on {args.target}"
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _option(name: str, convert: Callable[[str], float], accept: Callable[[float], bool], what: str):
+    """An argparse type: ``convert`` the text, refuse a value ``accept`` rejects as "must be ``what``".
 
+    argparse names the type by ``__name__`` when the conversion itself fails
+    ("invalid positive value: 'abc'"), so each keeps its own name.
+    """
 
-def non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
+    def parse(text: str):
+        value = convert(text)
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
 
-
-# The generators take 64-bit seeds; the bound leaves room for the seed + 1 an example derives from its seed.
-_SEED_BOUND = 2**63
-
-
-def seed_value(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < _SEED_BOUND:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..2**63-1, got {text}")
-    return value
+    parse.__name__ = parse.__qualname__ = name
+    return parse
 
 
 def _finite(text: str) -> float:
@@ -106,28 +98,13 @@ def _finite(text: str) -> float:
     return value
 
 
-def rate(text: str) -> float:
-    """A learning rate: a positive finite number."""
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """A number in 0..1, such as the momentum of batch norm's running statistics."""
-    value = _finite(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in 0..1, got {text}")
-    return value
-
-
-def non_negative_number(text: str) -> float:
-    """A finite number >= 0, such as a sampling temperature (0 is greedy)."""
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
+positive = _option("positive", int, lambda v: v >= 1, "a positive integer")
+non_negative = _option("non_negative", int, lambda v: v >= 0, "an integer >= 0")
+# The generators take 64-bit seeds; the bound leaves room for the seed + 1 an example derives from its seed.
+seed_value = _option("seed_value", int, lambda v: 0 <= v < 2**63, "an integer in 0..2**63-1")
+rate = _option("rate", _finite, lambda v: v > 0, "a positive number")  # a learning rate
+fraction = _option("fraction", _finite, lambda v: 0 <= v <= 1, "a number in 0..1")  # batch norm's momentum
+non_negative_number = _option("non_negative_number", _finite, lambda v: v >= 0, "a number >= 0")  # temperature
 
 
 def output_path(text: str) -> str:
