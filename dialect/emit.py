@@ -16,6 +16,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import func
 
+from topos.arguments import flag
 from topos.element import Selection, SelectionType
 from topos.errors import ArgumentError, SymbolError
 from topos.network import Network
@@ -154,6 +155,7 @@ def emit_text(
     With locations the text is the whole spec: ``parse_spec`` reads it back
     to an identical network.
     """
+    flag("emit_text", "debug_info", debug_info)  # checked before emitting: MLIR's binding would refuse it after
     module = emit_module(network, roots, observes)
     return module.operation.get_asm(enable_debug_info=debug_info)
 

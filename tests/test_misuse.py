@@ -803,6 +803,15 @@ def emitting_mlir_with_debug_info_no():
     network.entry([loss]).lower().emit_mlir(debug_info="no")
 
 
+@case(ArgumentError, "emit_text: debug_info must be True or False, got 'no'")
+def emitting_text_with_debug_info_no():
+    pytest.importorskip("iree.compiler")
+    from topos.dialect.emit import emit_text
+
+    network, (w, x, loss) = _small()
+    emit_text(network, [loss], debug_info="no")
+
+
 @case(ArgumentError, r"emit_mlir\(entry=...\) takes an Entry of this network", r"network\.entry\(\[loss\]\)", "int 5")
 def emitting_mlir_of_an_entry_that_is_a_number():
     network, _ = _small()
