@@ -214,18 +214,23 @@ def scalar_target(network, target, otherwise: str = "") -> int:
     """
     t = network.check(target, "target")
     spec, site = network._specs[t], network._sites[t]
-    if not is_element(spec.dtype):  # before the shape: a rank-0 selection passes that and fails seeding ones
-        raise DifferentiationError(
-            f"the target {target!r} is a selection ({list(spec.shape)} {short_name(spec.dtype)}, recorded at "
-            f"{site}); a selection is indices and has no gradient: the target must be a float scalar, such as "
-            "a loss computed from the rows it picks"
-        )
+    _refuse_selection(target, spec, site)  # before the shape: a rank-0 selection passes that and fails seeding ones
     if spec.shape != ():
         raise DifferentiationError(
             f"backward needs a rank-0 target, but {target!r} has shape {list(spec.shape)} "
             f"(recorded at {site}); reduce it with .sum() or .mean() first{otherwise}"
         )
     return t
+
+
+def _refuse_selection(target, spec, site) -> None:
+    """The DifferentiationError for a selection target, which every door that differentiates refuses alike."""
+    if not is_element(spec.dtype):
+        raise DifferentiationError(
+            f"the target {_symbol_of(target)!r} is a selection ({list(spec.shape)} {short_name(spec.dtype)}, "
+            f"recorded at {site}); a selection is indices, with no derivative and so no gradient: the target must "
+            "be a float scalar (for tape.vjp, any float value), such as a loss computed from the rows it picks"
+        )
 
 
 def _ones(spec) -> np.ndarray:
@@ -340,12 +345,7 @@ def record_vjp(tape, target, seed, wrt: Sequence, *, require_scalar: bool) -> Ad
             )
     t = target_value._index
     spec = tape._specs[t]
-    if not isinstance(spec.dtype, np.dtype):
-        raise DifferentiationError(
-            f"the target {target_value.symbol!r} is a selection ({spec}, recorded at {tape._sites[t]}); "
-            "selections are indices and have no derivative: differentiate a float value computed from them, "
-            "such as the rows a gather picks"
-        )
+    _refuse_selection(target_value, spec, tape._sites[t])
     if require_scalar and spec.shape != ():
         raise DifferentiationError(
             f"differentiate needs a rank-0 loss, but {target_value.symbol!r} has shape "

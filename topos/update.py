@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 
 from .arguments import positive_rate, rate_as
+from .differentiate import open_pairs
 from .errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError
 from .network import source_name
 
@@ -132,8 +133,6 @@ def sgd(tape, adjoints, learning_rate) -> Updates:
     ``learning_rate`` is a number (recorded as a leaf) or a rank-0 Value
     (for example an input, so a schedule can feed it per step).
     """
-    from .differentiate import open_pairs
-
     recorded = open_pairs("sgd", adjoints, tape)
     if hasattr(learning_rate, "symbol"):
         if learning_rate.shape != ():
