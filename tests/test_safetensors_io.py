@@ -706,6 +706,9 @@ def test_reading_some_names_reads_only_those(tmp_path):
         safetensors_io.read(path, ["a", "d"])
     with pytest.raises(CheckpointError, match=r"names='a' is one string; pass a list of names: names=\['a'\]"):
         safetensors_io.read(path, "a")
+    for names in (5, [0]):
+        with pytest.raises(CheckpointError, match=r"is not a collection of tensor names; pass a list of str"):
+            safetensors_io.read(path, names)
 
 
 def test_a_tensor_too_big_for_memory_is_a_checkpoint_error_naming_it_and_its_size(tmp_path, monkeypatch):

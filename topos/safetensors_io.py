@@ -218,6 +218,8 @@ def read(path: _Path, names: Collection[str] | None = None) -> dict[str, np.ndar
         if names is not None:
             if isinstance(names, str):
                 raise _error(path, f"names={names!r} is one string", f"pass a list of names: names=[{names!r}]")
+            if not isinstance(names, Collection) or not all(isinstance(name, str) for name in names):
+                raise _error(path, f"names={names!r} is not a collection of tensor names", "pass a list of str")
             wanted = set(names)
             absent = wanted - {entry.name for entry in entries}
             if absent:
