@@ -661,13 +661,16 @@ class CompiledPlan:
         self._argument_kinds = tuple((i, network._opcodes[i].name == "parameter") for i in self.arguments)
         self._wanted = frozenset(self.arguments)
         self._parameters = tuple(i for i, is_parameter in self._argument_kinds if is_parameter)  # they come first
-        self._inputs = _argument_inputs(network, self.arguments)
+        self._inputs = _argument_inputs(network, self.arguments[len(self._parameters):])
         self._function = None  # iree.runtime's FunctionInvoker of @main (benchmarks call it directly)
         self._invoker: _Invoker | None = None  # the path every run takes: VmContext.invoke, no FunctionInvoker
+        # Its call (_Invoker.calling), kept here and not on the invoker, whose methods it reads: on the invoker it
+        # would make a reference cycle, which only the cycle collector frees; here a dropped plan frees both at once.
+        self._main: Callable[..., _Results] | None = None
         self._device = None
         self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
         self._loading = threading.Lock()
-        self._checked_updates: tuple = (None, ())
+        self._checked_updates: tuple = (None, (), None)
 
     @property
     def frozen(self) -> tuple[int, ...] | None:
@@ -725,6 +728,7 @@ class CompiledPlan:
                     ) from None
             self._context, self._device, self._function = context, config.device, function
             self._invoker = _Invoker(context.vm_context, config.device, function.vm_function, self)
+            self._main = self._invoker.calling()
         return self._function
 
     def _storage_arguments(self) -> tuple:
@@ -820,14 +824,12 @@ class CompiledPlan:
 
     def _values(self, parameters, feeds) -> list:
         """What ``_Invoker`` pushes for ``forward``, in the module's order, every feed checked."""
-        values = self._bind_inputs(feeds)
+        inputs = self._bind_inputs(feeds)
         bound = bind_parameters(self.plan.network, parameters, self._wanted)
-        for k, i in enumerate(self._parameters):
-            values[k] = bound[i]
-        return values
+        return [bound[i] for i in self._parameters] + inputs
 
     def _bind_inputs(self, feeds) -> list:
-        """One slot per argument: each input's checked value (fed, or its recorded payload); None for a parameter.
+        """Each input's checked value (fed, or its recorded payload), in the module's order (after the parameters).
 
         Feeds of the common kind (an array of the input's element type and
         shape, in bounds for a selection; a Python float for a rank-0 input)
@@ -840,7 +842,7 @@ class CompiledPlan:
     def _bind_general(self, feeds) -> list:
         network = self.plan.network
         fed = bind_feeds(network, feeds, freeze=False)  # IREE copies them to the device now
-        return [None if is_parameter else source_value(network, i, {}, fed) for i, is_parameter in self._argument_kinds]
+        return [source_value(network, i, {}, fed) for i in self.arguments[len(self._parameters):]]
 
     def forward(self, parameters=None, feeds=None) -> CompiledRun:
         """Run the compiled plan -> a CompiledRun readable by the entry's result symbols.
@@ -862,15 +864,15 @@ class CompiledPlan:
         else:
             values = self._values(parameters, feeds)  # checked before the device is touched
         self._load()
-        return CompiledRun(self, self._call(self._invoker, values))
+        return CompiledRun(self, self._call(self._main, values))
 
     def _forward_resident(self, state: ResidentParameters, feeds) -> CompiledRun:
         """``forward`` over device state: each parameter pushed as the buffer it is (as ``step`` does)."""
         self._load()
         self._check_state(state)
-        values = self._bind_inputs(feeds)
-        assert self._invoker is not None  # _load made it
-        return CompiledRun(self, self._call(self._invoker.resumed, state._sources, self._parameters, values))
+        inputs = self._bind_inputs(feeds)
+        assert self._main is not None  # _load made it
+        return CompiledRun(self, self._call(self._main, inputs, _refs(state._sources, self._parameters)))
 
     def _call(self, invoke, *arguments) -> _Results:
         """Invoke the module; IREE's failures become ToposErrors that say what happened.
@@ -882,8 +884,12 @@ class CompiledPlan:
         try:
             return invoke(*arguments)
         except Exception as error:
-            if "RESOURCE_EXHAUSTED" not in str(error):
-                raise _runtime_error(self, error) from None
+            return self._call_again(error, invoke, *arguments)
+
+    def _call_again(self, error: Exception, invoke, *arguments) -> _Results:
+        """``_call`` after ``invoke`` failed with ``error``: once more if it ran out of memory, else a ToposError."""
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise _runtime_error(self, error) from None
         assert self._device is not None  # a call runs on a loaded module
         self._device.allocator.trim()
         try:
@@ -902,7 +908,7 @@ class CompiledPlan:
             arrays = {i: rt.asdevicearray(self._device, a) for i, a in bound.items()}
         except Exception as error:
             raise _runtime_error(self, error) from None
-        return ResidentParameters(parameters, {i: (_Results.of(a), 0) for i, a in arrays.items()}, self)
+        return ResidentParameters(parameters, self, {i: (_Results.of(a), 0) for i, a in arrays.items()})
 
     def step(self, state: ResidentParameters, feeds, updates) -> tuple[ResidentParameters, CompiledRun]:
         """One training step on device: new parameters stay resident; read the loss from the run.
@@ -916,23 +922,35 @@ class CompiledPlan:
         if self._frozen is not None:
             self._refuse_frozen("step")
         checked = self._checked_updates
-        positions = checked[1] if updates is checked[0] else self._update_positions(updates)
-        invoker = self._invoker
-        if invoker is None:
+        if updates is not checked[0]:
+            self._update_positions(updates)
+            checked = self._checked_updates
+        main = self._main
+        if main is None:
             self._load()
-            invoker = self._invoker
-            assert invoker is not None  # _load made it
-        if type(state) is not ResidentParameters or state._plan is not self:
+            main = self._main
+            assert main is not None  # _load made it
+        if type(state) is ResidentParameters and state._plan is self and state._held is not None:
+            refs = list(map(state._held._list.get_as_ref, state._layout))  # the short form this plan's steps make
+        else:
             self._check_state(state)
-        values = self._bind_inputs(feeds)
-        sources = state._sources
-        outputs = self._call(invoker.resumed, sources, self._parameters, values)
-        sources = dict(sources)
+            refs = _refs(state._sources, self._parameters)
+        inputs = _bind_common(self._inputs, feeds)
+        if inputs is None:
+            inputs = self._bind_general(feeds)
+        try:
+            outputs = main(inputs, refs)
+        except Exception as error:
+            outputs = self._call_again(error, main, inputs, refs)
+        _, positions, layout = checked
+        if layout is not None:  # every parameter updated: the next step pushes them from these results
+            return ResidentParameters(state._template, self, None, outputs, layout), CompiledRun(self, outputs)
+        sources = dict(state._sources)
         for parameter, position in positions:
             sources[parameter] = (outputs, position)
         if len(positions) < len(sources):  # a parameter kept: hold its own buffer, not an earlier step's results
             _detach(sources, outputs)
-        return ResidentParameters(state._template, sources, self), CompiledRun(self, outputs)
+        return ResidentParameters(state._template, self, sources), CompiledRun(self, outputs)
 
     def _refuse_frozen(self, what: str) -> None:
         if self._frozen is not None:
@@ -943,8 +961,13 @@ class CompiledPlan:
             )
 
     def _update_positions(self, updates) -> tuple[tuple[int, int], ...]:
-        """(parameter index, result position) per update, once checked to belong to this plan."""
-        if updates is self._checked_updates[0]:  # Updates are immutable: checked once
+        """(parameter index, result position) per update, once checked to belong to this plan.
+
+        Kept with the Updates (immutable: checked once) in ``_checked_updates``,
+        beside the layout ``step`` gives its state when the updates cover
+        exactly the parameters this plan reads (else None).
+        """
+        if updates is self._checked_updates[0]:
             return self._checked_updates[1]
         from topos import Updates
 
@@ -976,7 +999,9 @@ class CompiledPlan:
                 raise FeedError(f"{user_site()}: update {new!r} of {parameter!r} is not a result of this plan's "
                                 "entry; compile network.entry(updates.roots(loss))")
             checked.append((p, position[n]))
-        self._checked_updates = (updates, tuple(checked))
+        at = dict(checked)
+        layout = tuple(at[i] for i in self._parameters) if at.keys() == set(self._parameters) else None
+        self._checked_updates = (updates, tuple(checked), layout)
         return self._checked_updates[1]
 
     def _check_state(self, state) -> None:
@@ -1045,7 +1070,7 @@ class CompiledPlan:
 class _Input(NamedTuple):
     """One input the module reads, as ``_bind_common`` checks a feed of it."""
 
-    slot: int  # its position among the module's arguments
+    slot: int  # its position among the module's inputs, which follow its parameters
     shape: tuple[int, ...]
     dtype: np.dtype  # int64 for a selection
     rows: int  # a selection's table rows, every index below it; 0 for numbers
@@ -1057,8 +1082,7 @@ class _Inputs:
     """The inputs among a plan's arguments: found by Symbol or name, and the payloads of those not fed."""
 
     by_key: Mapping[object, _Input]
-    arguments: int  # how many arguments the module takes
-    count: int  # how many of them are inputs
+    count: int  # how many inputs the module takes
     defaults: tuple[tuple[int, np.ndarray], ...]  # (slot, recorded payload) of each input that need not be fed
 
 
@@ -1071,12 +1095,10 @@ def _largest(dtype) -> float:
         return 0.0
 
 
-def _argument_inputs(network, arguments) -> _Inputs:
+def _argument_inputs(network, inputs) -> _Inputs:
     by_key: dict[object, _Input] = {}
     defaults = []
-    for slot, i in enumerate(arguments):
-        if network._opcodes[i].name != "input":
-            continue
+    for slot, i in enumerate(inputs):
         spec = network._specs[i]
         selection = isinstance(spec.dtype, SelectionType)
         number = not selection and spec.shape == ()
@@ -1087,12 +1109,11 @@ def _argument_inputs(network, arguments) -> _Inputs:
             by_key[network._names[i]] = entry
         if i not in network._required:
             defaults.append((slot, network._payloads[i]))
-    count = sum(1 for i in arguments if network._opcodes[i].name == "input")
-    return _Inputs(by_key, len(arguments), count, tuple(defaults))
+    return _Inputs(by_key, len(inputs), tuple(defaults))
 
 
 def _bind_common(inputs: _Inputs, feeds) -> list | None:
-    """One slot per argument, inputs filled, when every feed is of the common kind and every required input is fed.
+    """Each input's value in the module's order, when every feed is of the common kind and every required input is fed.
 
     The common kind is what ``bind_feeds`` would hand back unchanged: a
     NumPy array of the input's element type and shape (int64 in bounds for
@@ -1100,23 +1121,24 @@ def _bind_common(inputs: _Inputs, feeds) -> list | None:
     converts as ``bind_feeds`` would. None leaves every decision, and every
     error message, to ``bind_feeds``.
     """
-    values: list = [None] * inputs.arguments
-    filled = 0
+    values: list = [None] * inputs.count
+    by_key, filled = inputs.by_key, 0
     try:
         for key, value in (feeds or {}).items():
-            slot, shape, dtype, rows, number = inputs.by_key[key]
-            if type(value) is np.ndarray:
+            slot, shape, dtype, rows, number = by_key[key]
+            kind = type(value)
+            if kind is np.ndarray:
                 if value.shape != shape or (value.dtype is not dtype and value.dtype != dtype):
                     return None
                 # argmax/argmin rather than min()/max(): they skip NumPy's ufunc machinery, which a step
                 # pays for cold, after the module ran (measured: benchmarks/host_overhead.py).
                 if rows and not (value.item(value.argmax()) < rows and value.item(value.argmin()) >= 0):
                     return None
-            elif type(value) is Selection:  # checked when it was made: no bounds scan
+            elif kind is Selection:  # checked when it was made: no bounds scan
                 if not rows or value.extent > rows or value.indices.shape != shape:
                     return None
                 value = value.indices
-            elif type(value) is not float or not -number < value < number:
+            elif kind is not float or not -number < value < number:
                 # Strict, so that number 0.0 (a selection, or an input of rank > 0) admits no float, not 0.0 and
                 # -0.0; NaN, inf, and a float at the largest finite value go to bind_feeds too.
                 return None
@@ -1181,13 +1203,14 @@ class _Invoker:
         self._memory = int(rt.MemoryType.DEVICE_LOCAL)
         self._usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
         self._copied_usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.TRANSFER)  # a staged feed's device buffer
-        self._list, self._ref = rt.VmVariantList, rt.VmRef
+        self._list = rt.VmVariantList
         self._element_type = rt.array_interop.map_dtype_to_element_type
         # A target that narrows selections takes them as int32 (topos.dialect.narrow).
         index = np.dtype(np.int32 if compiled.target.narrows_selections else np.int64)
         self._dtypes = tuple(index if isinstance(network._specs[i].dtype, SelectionType)
                              else np.dtype(network._specs[i].dtype) for i in compiled.arguments)
         self._element_types = tuple(self._element_type(d) for d in self._dtypes)
+        self._count = len(self._dtypes)  # arguments, after the transient storage if the module takes one
         self._results = len(compiled.results)
         # Per argument: the Python float fed last and its device copy (floats are immutable: `is` is the test).
         self._numbers: list[tuple] = [(None, None)] * len(self._dtypes)
@@ -1198,24 +1221,62 @@ class _Invoker:
         self._staging: list[list] | None = ([[] for _ in self._dtypes] if compiled.driver in STAGED_DRIVERS
                                             else None)
 
-    def __call__(self, values: list) -> _Results:
-        arguments, storage = self._begun(len(values))
-        return self._invoked(arguments, storage, values, 0)
+    def calling(self) -> Callable[..., _Results]:
+        """``call(values, refs=())``: ``@main`` called with ``refs`` first (VmRefs of device buffers: the
+        parameters of a step, or of a run on device state), then ``values``, the host value of each remaining
+        argument in order (arrays, Python floats).
 
-    def resumed(self, sources: dict, parameters: tuple, values: list) -> _Results:
-        """A training step's call: each parameter's device buffer pushed from the results holding it,
-        then the inputs of ``values`` (the parameters are the first arguments, ``values`` has a slot each)."""
-        arguments, storage = self._begun(len(values))
-        push = arguments.push_ref
-        for i in parameters:
-            results, position = sources[i]
-            push(results._list.get_as_ref(position))
-        return self._invoked(arguments, storage, values, len(parameters))
+        Every training step takes it, so it is one frame with the common
+        case inline, and what it reads is bound here once, as closure cells
+        rather than attributes looked up on every call: the step's Python
+        runs cold, after the module has filled the caches (measured:
+        benchmarks/host_overhead.py).
+        """
+        new_list, count, result_count = self._list, self._count, self._results
+        invoke, function, device, kept = self._invoke, self._function, self._device, self._numbers
+        allocate, memory, usage = self._allocate, self._memory, self._usage
+        dtypes, element_types, upload = self._dtypes, self._element_types, self._upload
+        direct, transient = self._staging is None, self._storage_bytes is not None
+
+        def call(values: list, refs=()) -> _Results:
+            arguments, storage = self._begun(count) if transient else (new_list(count), None)
+            push = arguments.push_ref
+            for ref in refs:
+                push(ref)
+            staged: list | None = None if direct else []  # a STAGED_DRIVERS driver's feeds, copied together
+            numbers: list | None = None  # (argument, Python float, its device copy) fed anew: kept once copied
+            try:
+                for k, value in enumerate(values, len(refs)):
+                    if type(value) is float:  # floats are immutable: `is` tells the float fed last call
+                        last, copy = kept[k]
+                        if last is not value:
+                            copy = upload(k, convert(value, dtypes[k]), staged)  # bind_feeds's conversion
+                            numbers = [] if numbers is None else numbers
+                            numbers.append((k, value, copy))
+                        push(copy)
+                    elif direct and value.dtype is dtypes[k]:  # _upload's common case, inline
+                        try:
+                            push(allocate(memory, usage, device, value, element_types[k]).ref)
+                        except ValueError:  # "ndarray is not C-contiguous": _upload copies it
+                            push(upload(k, value, staged))
+                    else:
+                        push(upload(k, value, staged))
+                if staged:
+                    self._copied(staged)
+                for k, value, copy in numbers or ():  # only now: another thread may push a kept copy at once
+                    kept[k] = (value, copy)
+                results = new_list(result_count)
+                invoke(function, arguments, results)
+            finally:
+                if storage is not None:  # the call is over (our modules are synchronous): the next may use it
+                    self._spare.append(storage)
+            return _Results(results, device)
+
+        return call
 
     def _begun(self, count: int) -> tuple:
-        """(the argument list of a call, its transient storage already pushed first, or None)."""
-        if self._storage_bytes is None:
-            return self._list(count), None
+        """(the argument list of a call of ``count`` arguments, its transient storage pushed first)."""
+        assert self._storage_bytes is not None  # only a module with transient storage takes one
         arguments = self._list(count + 1)
         try:
             storage = self._spare.pop()
@@ -1230,36 +1291,9 @@ class _Invoker:
         host = np.empty(self._storage_bytes, np.uint8)
         return self._allocate(self._memory, self._usage, self._device, host, self._element_type(host.dtype))
 
-    def _invoked(self, arguments, storage, values: list, first: int) -> _Results:
-        push, ref = arguments.push_ref, self._ref
-        staged: list = []  # on a STAGED_DRIVERS driver: this call's feeds, copied to the device together
-        numbers: list = []  # (argument, Python float, its device copy) fed anew: kept once the copy is done
-        try:
-            for k in range(first, len(values)):
-                value = values[k]
-                kind = type(value)
-                if kind is ref:
-                    push(value)
-                elif kind is float:  # floats are immutable: `is` tells the float fed last call
-                    last, copy = self._numbers[k]
-                    if last is not value:
-                        copy = self._upload(k, convert(value, self._dtypes[k]), staged)  # bind_feeds's conversion
-                        numbers.append((k, value, copy))
-                    push(copy)
-                else:
-                    push(self._upload(k, value, staged))
-            if staged:
-                self._copied(staged)
-            for k, value, copy in numbers:  # only now: another thread may push a kept copy at once
-                self._numbers[k] = (value, copy)
-            results = self._list(self._results)
-            self._invoke(self._function, arguments, results)
-        finally:
-            if storage is not None:  # the call is over (our modules are synchronous): the next may use it
-                self._spare.append(storage)
-        return _Results(results, self._device)
-
-    def _upload(self, k: int, array: np.ndarray, staged: list):
+    def _upload(self, k: int, array: np.ndarray, staged: list | None):
+        """``array`` on the device as argument ``k``: its ref (``staged``, None unless this driver stages, collects
+        the copies ``_copied`` makes)."""
         dtype = self._dtypes[k]
         if array.dtype is dtype or array.dtype == dtype:
             element_type = self._element_types[k]
@@ -1267,7 +1301,7 @@ class _Invoker:
             array, element_type = array.astype(dtype), self._element_types[k]
         else:
             element_type = self._element_type(array.dtype)
-        if self._staging is not None and array.nbytes:
+        if staged is not None and array.nbytes:
             return self._staged(k, array, element_type, staged)
         try:
             view = self._allocate(self._memory, self._usage, self._device, array, element_type)
@@ -1336,6 +1370,15 @@ class _Results:
                                    implicit_host_transfer=True)
             array = self._arrays.setdefault(k, array)  # two threads reading at once keep one array
         return array
+
+
+def _refs(sources: dict, parameters: tuple) -> list:
+    """The VmRef of each of ``parameters``' device buffers in ``sources`` (a ResidentParameters table), in order."""
+    refs = []
+    for i in parameters:
+        results, position = sources[i]
+        refs.append(results._list.get_as_ref(position))
+    return refs
 
 
 def _detach(sources: dict, outputs: _Results) -> None:
@@ -1533,16 +1576,41 @@ class ResidentParameters:
 
     It knows its network (through the table it was made from) and its
     device, so ``step`` refuses it anywhere else.
+
+    Two forms, one meaning. A step that updates every parameter its plan
+    reads makes the short form: the step's results (``held``) and each
+    parameter's position among them in the module's argument order
+    (``layout``), which the next step of that plan pushes as they are. Any
+    other state is a table: parameter index -> (results holding its buffer,
+    position there). ``_sources`` reads either form as the table.
     """
 
-    __slots__ = ("_template", "_sources", "_plan", "_device", "_driver")  # a step makes one: slots make it cheaper
+    __slots__ = ("_template", "_plan", "_held", "_layout", "_table")  # a step makes one: slots make it cheaper
 
-    def __init__(self, template, sources: dict, plan: CompiledPlan):
+    def __init__(self, template, plan: CompiledPlan, sources: dict | None = None, held: _Results | None = None,
+                 layout: tuple[int, ...] = ()):
         self._template = template
-        self._sources = sources  # parameter index -> (_Results holding its device buffer, position there)
         self._plan = plan
-        self._device = plan._device
-        self._driver = plan.driver
+        self._held = held  # the short form: the results of the step that made this state, or None
+        self._layout = layout  # where each of plan._parameters is among them
+        self._table = sources  # the table form; made from the short form when first read
+
+    @property
+    def _sources(self) -> dict:
+        """Parameter index -> (_Results holding its device buffer, position there)."""
+        table = self._table
+        if table is None:
+            held = self._held
+            table = self._table = {i: (held, position) for i, position in zip(self._plan._parameters, self._layout)}
+        return table
+
+    @property
+    def _device(self):
+        return self._plan._device
+
+    @property
+    def _driver(self) -> str:
+        return self._plan.driver
 
     @property
     def _device_arrays(self) -> dict:

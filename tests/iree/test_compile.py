@@ -530,7 +530,7 @@ def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypat
 
     network, _, x, loss, _, compiled = _guarded()
     compiled._load()
-    real, device = compiled._invoker, compiled._device
+    real, device = compiled._main, compiled._device
     trims, failures = [], iter([RuntimeError("RESOURCE_EXHAUSTED; out of memory")])
 
     def flaky(values):
@@ -538,13 +538,13 @@ def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypat
             raise error
         return real(values)
 
-    monkeypatch.setattr(compiled, "_invoker", flaky)
+    monkeypatch.setattr(compiled, "_main", flaky)
     monkeypatch.setattr(compiled, "_device", types.SimpleNamespace(
         allocator=types.SimpleNamespace(trim=lambda: trims.append(1) or device.allocator.trim())))
     feeds = {x: np.ones((1, 2), np.float32)}
     got = compiled.forward(network.parameters(), feeds)[loss]
     assert trims == [1]
-    monkeypatch.setattr(compiled, "_invoker", real)
+    monkeypatch.setattr(compiled, "_main", real)
     assert got == compiled.forward(network.parameters(), feeds)[loss]
 
 

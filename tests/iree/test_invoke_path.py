@@ -314,6 +314,47 @@ def test_an_updated_parameter_is_the_runs_own_result_and_a_kept_one_holds_only_i
         assert len(results) == 1
 
 
+def test_a_state_whose_every_parameter_a_step_updated_reads_the_same_through_every_door():
+    """The short form a step makes (its results and where each parameter is) serves reads, other plans, to_host."""
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    state = compiled.resident(step.network.parameters())
+    for k in range(2):
+        state, run = compiled.step(state, batch_feeds(step, k), step.updates)
+    assert state._held is run._outputs  # nothing copied into a table per step
+    for parameter, new in step.updates.pairs():
+        assert state.device(parameter) is run.device(new)
+    host = state.to_host()
+    other = step.network.entry([step.loss]).lower().compile("llvm-cpu")  # a plan of its own argument order
+    feeds = batch_feeds(step, 2)
+    _same_bits(other.forward(state, feeds)[step.loss], other.forward(host, feeds)[step.loss], "another plan")
+    _, later = compiled.step(state, feeds, step.updates)
+    _, again = compiled.step(compiled.resident(host), feeds, step.updates)
+    _same_bits(later[step.loss], again[step.loss], "a step from the short form and from the table")
+
+
+def test_a_dropped_plan_and_its_invoker_are_freed_at_once_not_by_the_cycle_collector():
+    """The invoker's call is kept on the plan, not on the invoker it reads: no reference cycle holds them."""
+    import gc
+    import weakref
+
+    step = mlp_step(np.float32)
+
+    def stepped():
+        compiled = step.entry().lower().compile("llvm-cpu")
+        state, run = compiled.step(compiled.resident(step.network.parameters()), batch_feeds(step, 0), step.updates)
+        run[step.loss]
+        return weakref.ref(compiled), weakref.ref(compiled._invoker)
+
+    gc.collect()
+    gc.disable()
+    try:
+        plan, invoker = stepped()
+        assert plan() is None and invoker() is None
+    finally:
+        gc.enable()
+
+
 def test_modules_carry_no_abi_reflection_so_results_need_no_dtype_override():
     """FunctionInvoker overrides result dtypes only from ``iree.abi`` reflection; the invoke path assumes none."""
     step = mlp_step(topos.bfloat16)
