@@ -111,7 +111,7 @@ def module_floor(compiled, arguments: list) -> Runner:
     listed = rt.VmVariantList(len(arrays))
     for array in arrays:
         listed.push_ref(array._buffer_view.ref)
-    invoke, results = context.vm_context.invoke, len(compiled.results)
+    invoke, results = context.invoke, len(compiled.results)
     return Runner(lambda: invoke(vm_function, listed, rt.VmVariantList(results)), lambda: None)
 
 
@@ -127,7 +127,7 @@ def chained_module(compiled, network, feeds: dict, updates) -> Runner:
                for k, array in inputs.items()]
     slot = {i: k + len(storage) for k, i in enumerate(compiled.arguments)}
     moves = [(slot[parameter], position) for parameter, position in compiled._update_positions(updates)]
-    allocate, invoke, results = device.allocator.allocate_buffer_copy, context.vm_context.invoke, len(compiled.results)
+    allocate, invoke, results = device.allocator.allocate_buffer_copy, context.invoke, len(compiled.results)
     memory, usage = int(rt.MemoryType.DEVICE_LOCAL), int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
 
     def call():

@@ -211,7 +211,8 @@ def _other_trainer():
 def guarded(monkeypatch):
     """The trainer with its IREE call replaced by a tripwire: refusals must come before the device runs."""
     step, compiled = _trainer()
-    monkeypatch.setattr(compiled, "_call", lambda *_: pytest.fail("reached IREE"))
+    compiled._load()  # its call made: every run, forward or step, calls compiled._main
+    monkeypatch.setattr(compiled, "_main", lambda *_: pytest.fail("reached IREE"))
     return step, compiled
 
 

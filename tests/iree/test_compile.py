@@ -202,8 +202,8 @@ def test_a_wrong_parameter_table_raises_before_reaching_iree(monkeypatch):
 def test_an_update_that_is_not_a_result_raises_before_the_step_runs(monkeypatch):
     step = mlp_step()
     compiled = step.network.entry([step.loss]).lower().compile("llvm-cpu")
-    state = compiled.resident(step.network.parameters())
-    monkeypatch.setattr(compiled, "_call", lambda *_: pytest.fail("reached IREE"))
+    state = compiled.resident(step.network.parameters())  # loaded: every run calls compiled._main
+    monkeypatch.setattr(compiled, "_main", lambda *_: pytest.fail("reached IREE"))
     with pytest.raises(FeedError, match="not a result of this plan's entry"):
         compiled.step(state, {}, step.updates)
 
