@@ -1208,6 +1208,7 @@ class _Invoker:
         import iree.runtime as rt
 
         network = compiled.plan.network
+        self._context = vm_context  # what the results of its calls hold (_Results)
         self._invoke = vm_context.invoke
         self._function = vm_function
         self._device = device
@@ -1246,6 +1247,7 @@ class _Invoker:
         """
         new_list, count, result_count = self._list, self._count, self._results
         invoke, function, device, kept = self._invoke, self._function, self._device, self._numbers
+        context = self._context
         allocate, memory, usage = self._allocate, self._memory, self._usage
         dtypes, element_types, upload = self._dtypes, self._element_types, self._upload
         direct, transient = self._staging is None, self._storage_bytes is not None
@@ -1282,7 +1284,7 @@ class _Invoker:
             finally:
                 if storage is not None:  # the call is over (our modules are synchronous): the next may use it
                     self._spare.append(storage)
-            return _Results(results, device)
+            return _Results(results, device, context)
 
         return call
 
@@ -1350,24 +1352,32 @@ class _Invoker:
             self._staging[k].append(staging)
 
 
+_CONTEXT = "_topos_module_context"  # the attribute by which a DeviceArray of a call's result holds its context
+
+
 class _Results:
     """Device values of one call: VmRefs to pass to the next call, DeviceArrays made when first read."""
 
-    __slots__ = ("_list", "_device", "_arrays")
+    # The VmContext whose call made them is held, and so is every DeviceArray made of them: IREE crashes the
+    # process at exit if a call's results are freed after their context (make demo did, a training step's state
+    # and run held at module level). Slots are freed in the order of their sorted names: _list before
+    # _module_context.
+    __slots__ = ("_list", "_device", "_arrays", "_module_context")
 
-    def __init__(self, values, device, arrays: dict | None = None):
+    def __init__(self, values, device, context, arrays: dict | None = None):
         self._list = values  # an iree.runtime.VmVariantList of HalBufferViews
         self._device = device
+        self._module_context = context  # None for arrays no call made (resident's copies)
         self._arrays: dict[int, object] = {} if arrays is None else arrays
 
     @staticmethod
     def of(array) -> _Results:
-        """One DeviceArray as a one-entry _Results (a resident parameter before its first step)."""
+        """One DeviceArray as a one-entry _Results (a resident parameter, or one a step kept)."""
         import iree.runtime as rt
 
         values = rt.VmVariantList(1)
         values.push_ref(array._buffer_view.ref)
-        return _Results(values, array._device, {0: array})
+        return _Results(values, array._device, getattr(array, _CONTEXT, None), {0: array})
 
     def __len__(self) -> int:
         return len(self._list)
@@ -1380,6 +1390,7 @@ class _Results:
 
             array = rt.DeviceArray(self._device, self._list.get_as_object(k, rt.HalBufferView),
                                    implicit_host_transfer=True)
+            setattr(array, _CONTEXT, self._module_context)  # a result the caller keeps keeps its context
             array = self._arrays.setdefault(k, array)  # two threads reading at once keep one array
         return array
 

@@ -147,6 +147,25 @@ def broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     return len(shape) <= len(target) and all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
 
 
+def an_entry(owner: str, value: object):
+    """``value`` if it is an Entry; else a PlanError naming what it is and the Entry to pass instead."""
+    from .errors import PlanError
+    from .network import Network
+    from .plan import Entry, Plan
+
+    if isinstance(value, Entry):
+        return value
+    if isinstance(value, Plan):
+        fix = "pass plan.entry"
+    elif isinstance(getattr(value, "plan", None), Plan):  # a compiled plan
+        fix = "pass compiled.plan.entry"
+    elif isinstance(value, Network):
+        fix = "declare what to check with network.entry([loss]) (its roots) and pass that"
+    else:
+        fix = "declare one with network.entry([loss]) and pass it"
+    raise PlanError(f"{owner} takes an Entry (network.entry(...) or plan.entry), got {type(value).__name__}; {fix}")
+
+
 def _range(low, high, low_open, high_open) -> str:
     if low is not None and high is not None:
         bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import an_entry
 from .element import is_element, short_name
-from .errors import PlanError
 from .network import describe_line, plural
 from .provenance import Site
 
@@ -189,7 +189,7 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
     before IREE compiles: the way
     to inject a fault on purpose, or to try a hand-edited lowering.
     """
-    _check_entry(entry)
+    an_entry("bisect", entry)
     from .dialect import conformance
     from .dialect.targets import target as find_target
     from .plan import Numerics
@@ -237,25 +237,6 @@ def bisect(entry, parameters, feeds=None, target: str = "llvm-cpu", *,
                                 local, whole)
     roots = tuple(dict.fromkeys(s.index for s in entry.roots))
     return BisectReport(target, tuple(checks), first, roots, entry.network)
-
-
-def _check_entry(entry, owner: str = "bisect") -> None:
-    """Refuse a first argument of ``owner`` that is not an Entry, naming what it is and the Entry to pass instead."""
-    from .network import Network
-    from .plan import Entry, Plan
-
-    if isinstance(entry, Entry):
-        return
-    kind = type(entry).__name__
-    if isinstance(entry, Plan):
-        fix = "pass plan.entry"
-    elif isinstance(getattr(entry, "plan", None), Plan):  # a compiled plan
-        fix = "pass compiled.plan.entry"
-    elif isinstance(entry, Network):
-        fix = "declare what to check with network.entry([loss]) (its roots) and pass that"
-    else:
-        fix = "declare one with network.entry([loss]) and pass it"
-    raise PlanError(f"{owner} takes an Entry (network.entry(...) or plan.entry), got {kind}; {fix}")
 
 
 def _divergence(network, i, operand_values, envelope: str, local, whole) -> Divergence:

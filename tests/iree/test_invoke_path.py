@@ -373,6 +373,48 @@ def test_a_dropped_plan_leaves_no_reference_cycle_holding_its_module(frozen):
     assert not kinds & ours, sorted(kinds & ours)
 
 
+_HELD_AT_EXIT = """
+import sys
+import numpy as np
+import topos
+from topos import Tape
+
+def step(tape):
+    w = tape.parameter(np.array([[0.5, -0.25], [0.75, 1.0]], np.float32))
+    x = tape.input(np.array([[1.0, 2.0]], np.float32))
+    loss = ((x @ w).tanh() ** 2).sum()
+    return w, loss, topos.sgd(tape, tape.differentiate(loss, [w]), 0.1)
+
+network, (w, loss, updates) = Tape.record(step)
+compiled = network.entry(updates.roots(loss)).lower().compile("llvm-cpu", cache=False)
+state = compiled.resident(network.parameters())
+for _ in range(3):
+    state, run = compiled.step(state, {}, updates)
+print(float(run[loss]))
+kept = run.device(loss), state.device(w)
+if sys.argv[1] == "arrays":  # only the DeviceArrays outlive the plan, its state and its run
+    del compiled, state, run
+"""
+
+
+@pytest.mark.parametrize("held", ["everything", "arrays"])
+def test_results_held_as_the_interpreter_exits_leave_it_cleanly(tmp_path, held):
+    """A call's results are freed before the VmContext that made them, even in the interpreter's last collection.
+
+    The other way round IREE crashed the process on its way out (make demo
+    did, with a step's state and run at module level): every _Results and
+    every DeviceArray made of one holds its context.
+    """
+    import subprocess
+    import sys
+
+    script = tmp_path / "held.py"
+    script.write_text(_HELD_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), held], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "leaked" not in done.stderr, done.stderr[-2000:]  # nanobind's report of an instance still held
+
+
 def test_modules_carry_no_abi_reflection_so_results_need_no_dtype_override():
     """FunctionInvoker overrides result dtypes only from ``iree.abi`` reflection; the invoke path assumes none."""
     step = mlp_step(topos.bfloat16)

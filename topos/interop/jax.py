@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bisect import _check_entry
+from ..arguments import an_entry
 from ..copies import own
 from ..element import SelectionType, check_indices, is_element
 from ..errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
@@ -676,7 +676,7 @@ def grade(entry, parameters, feeds=None, *, platform: str | None = None, shardin
     from ..dialect import conformance
     from ..plan import Numerics
 
-    _check_entry(entry, "grade")
+    an_entry("grade", entry)
     if case_of is not None and not isinstance(case_of, Mapping):
         raise ArgumentError(f"grade(case_of=...) maps node indices to case labels (a dict such as {{3: 'tanh/wide'}}), "
                             f"got {type(case_of).__name__} {case_of!r}")
