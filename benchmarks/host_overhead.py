@@ -19,6 +19,10 @@ driver), timed four ways in one process pinned to one CPU:
             ``compiled.step`` fed each index batch as a ``topos.selection``
             (checked once when it was made, as ``data[rows]`` of a checked
             data set is), so the step scans no index for bounds
+* and the loss read
+            the same step followed by ``float(run[loss])``, as every
+            example's training loop reads it (``examples/_training.py``);
+            "loss read" is its time less the step's
 
 topos's share is step minus module, in µs and as a share of the step;
 "of which Python" is step minus chained: what is left once the step's own
@@ -53,12 +57,14 @@ from compiled import Runner, measure  # noqa: E402
 MODELS = {"makemore": "makemore-mlp", "mlp-s": "mlp-s"}  # this script's names -> _zoo.py's
 
 
-def step_runner(compiled, network, feeds: dict, updates) -> Runner:
-    """``compiled.step`` on resident state."""
+def step_runner(compiled, network, feeds: dict, updates, read=None) -> Runner:
+    """``compiled.step`` on resident state; with ``read``, the value of that result read back as a float."""
     state = [compiled.resident(network.parameters())]
 
     def step():
-        state[0], _ = compiled.step(state[0], feeds, updates)
+        state[0], run = compiled.step(state[0], feeds, updates)
+        if read is not None:
+            float(run[read])
 
     return Runner(step, lambda: None)
 
@@ -168,22 +174,26 @@ def main() -> None:
         runners = {"step": step_runner(compiled, network, feeds, updates),
                    "invoker": invoker_runner(compiled, arguments), "module": module_floor(compiled, arguments),
                    "chained": chained_module(compiled, network, feeds, updates),
-                   "selections": step_runner(compiled, network, selection_feeds(network, feeds), updates)}
+                   "selections": step_runner(compiled, network, selection_feeds(network, feeds), updates),
+                   "read": step_runner(compiled, network, selection_feeds(network, feeds), updates, model.read)}
         timing = measure(runners, dict.fromkeys(runners, args.steps), args.rounds, warmup=20)
         for clock, rows_of in rows.items():
-            step, invoker, module, chained, selections = (getattr(timing[c], clock) for c in runners)
+            step, invoker, module, chained, selections, read = (getattr(timing[c], clock) for c in runners)
             rows_of.append([name, _us(step), _us(invoker), _us(module), _us(chained), _us(step - module),
                             f"{100 * (step - module) / step:.1f} %", _us(step - chained),
                             f"{100 * (step - chained) / step:.1f} %", _us(selections),
-                            _us(selections - chained), f"{100 * (selections - chained) / selections:.1f} %"])
+                            _us(selections - chained), f"{100 * (selections - chained) / selections:.1f} %",
+                            _us(read), _us(read - selections)])
         del runners, arguments, compiled  # release device buffers before the next model
 
     header = ["model", "step µs", "invoker µs", "module µs", "chained µs", "topos share µs", "share of step",
-              "of which Python µs", "Python share", "step, selections µs", "its Python µs", "its Python share"]
+              "of which Python µs", "Python share", "step, selections µs", "its Python µs", "its Python share",
+              "and the loss read µs", "loss read µs"]
     print("one compiled training step: median wall-clock µs. invoker: the module through iree.runtime's "
           "FunctionInvoker on device arguments; module: VmContext.invoke on a prebuilt argument list (the floor); "
           "chained: VmContext.invoke passing updated parameters on and uploading the batch each call, no topos "
-          "Python; step, selections: the index batches fed as topos.selection. topos share = step - module; "
+          "Python; step, selections: the index batches fed as topos.selection; and the loss read: that step, then "
+          "float(run[loss]). topos share = step - module; "
           "of which Python = step - chained\n")
     print(table(header, rows["wall"]))
     print("\nthe same steps, median process CPU µs\n")

@@ -671,6 +671,9 @@ class CompiledPlan:
         self._rebuild: Callable[[], bytes] | None = None  # a cache hit's: evict the entry, compile afresh
         self._loading = threading.Lock()
         self._checked_updates: tuple = (None, (), None)
+        # Symbol read -> (its result position, HalBufferView, element dtype, shape, size) on a local driver,
+        # learnt at the first read of the result; later runs' reads map its buffer directly (_mapped_result).
+        self._mapped_reads: dict = {}
 
     @property
     def frozen(self) -> tuple[int, ...] | None:
@@ -1436,6 +1439,29 @@ def _runtime_error(compiled: CompiledPlan, error: Exception) -> ToposError:
     return ToposError(f"{user_site()}: IREE could not run the module compiled for {compiled.target.name}: {error}")
 
 
+def _widened(view: np.ndarray) -> np.ndarray:
+    """int32 is a selection a narrowing target returned (topos.dialect.narrow): int64, as everywhere else."""
+    return view.astype(np.int64) if view.dtype.type is np.int32 else view
+
+
+def _mapped_result(outputs: _Results, k: int, view_type, dtype: np.dtype, shape: tuple[int, ...],
+                   size: int) -> np.ndarray:
+    """Result ``k`` of a local device, read by mapping its buffer: a read-only copy, the caller's own (as ``own``).
+
+    What ``DeviceArray.to_host`` and ``own`` do on a local driver, where
+    device memory is host memory, less their Python: no DeviceArray, no
+    check of the buffer's memory type, no element type looked up (the first
+    read of the result found its dtype and shape: ``CompiledRun.__getitem__``),
+    and one copy, of the bytes. ``view_type`` is iree.runtime's
+    HalBufferView. Reading makemore's loss every step took about 30 µs
+    before and 8 after (docs/performance.md, "The loss read").
+    """
+    mapped = outputs._list.get_as_object(k, view_type).map()
+    copy = np.frombuffer(bytearray(mapped), dtype, count=size).reshape(shape)
+    copy.flags.writeable = False
+    return copy
+
+
 def to_host(array) -> np.ndarray:
     """Copy one IREE DeviceArray to a host NumPy array the caller owns (read-only, never a device view)."""
     return own(_host_view(array))
@@ -1579,15 +1605,28 @@ class CompiledRun:
                               "add it to the entry's roots or observe=[...] and compile again") from None
 
     def __getitem__(self, symbol) -> np.ndarray:
+        compiled = self._compiled
+        try:
+            mapped = compiled._mapped_reads.get(symbol)
+        except TypeError:  # unhashable: _position says what it is
+            mapped = None
+        if mapped is not None:  # read every step (the loss): straight from its mapped buffer, no DeviceArray
+            return _mapped_result(self._outputs, *mapped)
         k = self._position(symbol)
-        if self._host is None:
-            self._host = {}
-        if k not in self._host:
-            view = _host_view(self._outputs[k])
-            # int32: a selection a narrowing target returned (topos.dialect.narrow); int64 as everywhere else
-            self._host[k] = view.astype(np.int64) if view.dtype == np.int32 else view
+        host = self._host
+        if host is None or k not in host:
+            import iree.runtime as rt
+
+            array = self._outputs[k]
+            view = _host_view(array)
+            if (array._mapped_memory is not None and compiled.driver in CACHING_DRIVERS and view.size
+                    and view.dtype.type is not np.int32):
+                compiled._mapped_reads[symbol] = (k, rt.HalBufferView, view.dtype, view.shape, view.size)
+            if host is None:
+                host = self._host = {}
+            host[k] = _widened(view)
         # A view of the result may be a view of the next step's state: each read is a copy.
-        return own(self._host[k])
+        return own(host[k])
 
     def device(self, symbol):
         """The result still on the device (no host copy)."""

@@ -415,6 +415,35 @@ def test_results_held_as_the_interpreter_exits_leave_it_cleanly(tmp_path, held):
     assert "leaked" not in done.stderr, done.stderr[-2000:]  # nanobind's report of an instance still held
 
 
+def test_a_result_read_in_later_runs_is_copied_straight_from_its_mapped_buffer(monkeypatch):
+    """The first read of a result learns its element type and shape; later runs' reads map the buffer directly."""
+    step = mlp_step(np.float32)
+    compiled = step.entry().lower().compile("llvm-cpu")
+    parameters = step.network.parameters()
+    state, before = compiled.resident(parameters), FunctionInvokerSteps(compiled, parameters)
+    feeds = batch_feeds(step, 0)
+    state, run = compiled.step(state, feeds, step.updates)
+    before.step(feeds, step.updates)
+    new = step.updates.pairs()[0][1]
+    run[step.loss], run[new]  # the first reads: through a DeviceArray, as before
+    assert len(compiled._mapped_reads) == 2
+    monkeypatch.setattr(compiled_module, "_host_view", lambda *_: pytest.fail("read through a DeviceArray"))
+    for k in range(1, 3):
+        feeds = batch_feeds(step, k)
+        state, run = compiled.step(state, feeds, step.updates)
+        outputs = before.step(feeds, step.updates)
+        loss, updated = run[step.loss], run[new]
+        _same_bits(loss, before.read(outputs, step.loss), f"loss at step {k}")
+        _same_bits(updated, before.read(outputs, new), f"{new!r} at step {k}")
+        assert not loss.flags.writeable and not updated.flags.writeable
+        kept = updated.copy()
+        compiled.step(state, feeds, step.updates)  # another call, whose buffers may reuse freed ones
+        _same_bits(updated, kept, "a read array is the caller's own copy")
+        updated.setflags(write=True)  # read-only is advice (topos.copies): writing it changes nothing of ours
+        updated[...] = 7.0
+        _same_bits(run[new], before.read(outputs, new), f"{new!r} read again at step {k}")
+
+
 def test_modules_carry_no_abi_reflection_so_results_need_no_dtype_override():
     """FunctionInvoker overrides result dtypes only from ``iree.abi`` reflection; the invoke path assumes none."""
     step = mlp_step(topos.bfloat16)
