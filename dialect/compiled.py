@@ -1229,7 +1229,7 @@ class _Invoker:
         self._count = len(self._dtypes)  # arguments, after the transient storage if the module takes one
         self._results = len(compiled.results)
         # Per argument: the Python float fed last and its device copy (floats are immutable: `is` is the test).
-        self._numbers: list[tuple] = [(None, None)] * len(self._dtypes)
+        self._numbers: list[tuple] = [(None, None)] * self._count
         size = vm_function.reflection.get(TRANSIENT_SIZE)
         self._storage_bytes = None if size is None else int(size)
         self._spare: list = []  # transient storages no call is using (list.pop and append are atomic)
@@ -1619,12 +1619,13 @@ class CompiledRun:
 
             array = self._outputs[k]
             view = _host_view(array)
-            if (array._mapped_memory is not None and compiled.driver in CACHING_DRIVERS and view.size
-                    and view.dtype.type is not np.int32):
+            widened = _widened(view)
+            mapped_here = array._mapped_memory is not None and compiled.driver in CACHING_DRIVERS
+            if mapped_here and widened is view and view.size:  # later reads need no widening: map them directly
                 compiled._mapped_reads[symbol] = (k, rt.HalBufferView, view.dtype, view.shape, view.size)
             if host is None:
                 host = self._host = {}
-            host[k] = _widened(view)
+            host[k] = widened
         # A view of the result may be a view of the next step's state: each read is a copy.
         return own(host[k])
 
