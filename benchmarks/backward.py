@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.gradcheck import TOLERANCES, check_gradients  # noqa: E402
+from topos.readings.gradcheck import TOLERANCES, check_gradients  # noqa: E402
 
 from _timing import median_seconds  # noqa: E402
 
@@ -113,7 +113,7 @@ def suite_table() -> None:
                     worst, worst_row = report.worst_error, case.name
                 worst_rule = max(worst_rule, report.worst_rule_error)
             seconds = time.perf_counter() - start
-            print(f"  {topos.element.short_name(dtype):<8} {order:<6} {worst:>12.2e}  {worst_row:<22} "
+            print(f"  {topos.base.element.short_name(dtype):<8} {order:<6} {worst:>12.2e}  {worst_row:<22} "
                   f"{worst_rule:>15.2e}  {TOLERANCES[dtype]:>9.0e}  {seconds:>7.2f}")
 
 

@@ -63,7 +63,7 @@ def step_ms(vmfb: bytes, arguments, steps: int = 50) -> float:
 
 
 def main() -> None:
-    from topos.dialect.compiled import compile_stablehlo
+    from topos.dialect.iree.compile import compile_stablehlo
 
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--models", default=",".join(MODELS))

@@ -58,7 +58,7 @@ from dataclasses import replace
 import numpy as np
 
 from topos import Numerics
-from topos.dialect.targets import DATA_TILING_FLAGS
+from topos.dialect.iree.targets import DATA_TILING_FLAGS
 
 from _gpt import Workload, gpt, mlp_m, mlp_s, small_gpt
 from _peers import available
@@ -168,7 +168,7 @@ def compile_topos(workload: Workload):
 
 
 def topos_cache(directory):
-    from topos.dialect.cache import CompileCache
+    from topos.dialect.iree.cache import CompileCache
 
     return CompileCache(directory)
 
@@ -212,7 +212,7 @@ WHAT_IF_FLAGS = DATA_TILING_FLAGS  # what the step would run like tiled, whateve
 
 def standalone_module(stablehlo: str, flags, arguments) -> Runner:
     """StableHLO compiled with ``flags`` into its own local-sync context, called on device copies of ``arguments``."""
-    from topos.dialect.compiled import compile_stablehlo
+    from topos.dialect.iree.compile import compile_stablehlo
 
     return module_runner(compile_stablehlo(stablehlo, flags), arguments)
 
@@ -229,7 +229,8 @@ def module_runner(vmfb: bytes, arguments, driver: str = "local-sync") -> Runner:
     """
     import iree.runtime as rt
 
-    from topos.dialect.compiled import TRANSIENT_SIZE, device_for
+    from topos.dialect.iree.compile import TRANSIENT_SIZE
+    from topos.dialect.iree.devices import device_for
 
     config = rt.Config(device=device_for(driver))
     context = rt.SystemContext(config=config)

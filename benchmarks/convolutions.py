@@ -62,8 +62,8 @@ def models() -> dict:
 
 def variants(network, roots, parameters, feeds) -> dict:
     """label -> a Runner of that module on its arguments, for one model."""
-    from topos.dialect.plan_passes import RAISABLE
-    from topos.dialect.targets import IMG2COL_FLAGS
+    from topos.dialect.iree.targets import IMG2COL_FLAGS
+    from topos.dialect.passes.plan_passes import RAISABLE
 
     from compiled import standalone_module
 

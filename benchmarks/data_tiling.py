@@ -1,7 +1,7 @@
 """When IREE's data tiling pays: every benchmark model's step compiled with and without it, timed on one core.
 
 ``plan.compile`` turns data tiling on when the plan's largest matmul
-reaches ``topos.dialect.targets.data_tiling_threshold(...)`` multiply-adds.
+reaches ``topos.dialect.iree.targets.data_tiling_threshold(...)`` multiply-adds.
 This script is the evidence for that number: each model of ``_zoo.py``
 is lowered once, its StableHLO compiled (no cache) under topos's llvm-cpu
 flags without data tiling, with ``--iree-opt-data-tiling`` (IREE's default
@@ -30,8 +30,8 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
-from topos.dialect.compiled import CompileError, compile_stablehlo, largest_matmul, module_flags  # noqa: E402
-from topos.dialect.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
+from topos.dialect.iree.compile import CompileError, compile_stablehlo, largest_matmul, module_flags  # noqa: E402
+from topos.dialect.iree.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
 
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.drawing import graphviz_available  # noqa: E402
+from topos.views.drawing import graphviz_available  # noqa: E402
 
 from _gpt import small_gpt  # noqa: E402
 from _timing import median_seconds, table  # noqa: E402

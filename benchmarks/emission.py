@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "dialect"))
 
 from topos.dialect import emit_module, parse_spec, run_pipeline  # noqa: E402
-from topos.dialect.parse import parse_module  # noqa: E402
+from topos.dialect.ir.parse import parse_module  # noqa: E402
 
 import graphs  # noqa: E402  (the graphs the dialect tests use)
 
@@ -73,8 +73,8 @@ def _lower(state):
 
 
 def _iree_compile(state):
-    from topos.dialect.compiled import compile_stablehlo
-    from topos.dialect.targets import flags_for, target
+    from topos.dialect.iree.compile import compile_stablehlo
+    from topos.dialect.iree.targets import flags_for, target
 
     return {"vmfb": compile_stablehlo(state["stablehlo"], flags_for(target("llvm-cpu"), False, "generic"))}
 

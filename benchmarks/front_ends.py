@@ -52,8 +52,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
-from topos.dialect.targets import target  # noqa: E402
+from topos.dialect.iree.compile import compile_stablehlo, module_flags  # noqa: E402
+from topos.dialect.iree.targets import target  # noqa: E402
 
 from _timing import chosen_models, load_average, print_preamble, relative_difference, table  # noqa: E402
 from _zoo import MODELS, jax_step, models_that_fit  # noqa: E402

@@ -4,7 +4,7 @@ A prepared script for a machine with an NVIDIA GPU. It first checks that
 ``iree.runtime`` has a working ``cuda`` driver and device; without one it
 prints why and exits 0. Then:
 
-1. Conformance: every family of ``topos.dialect.conformance_cases`` (every
+1. Conformance: every family of ``topos.dialect.iree.conformance_cases`` (every
    opcode, forward and recorded gradient) in float32, float64 and
    bfloat16, compiled for the target, run once with every node observed,
    each node graded against the oracle kernel on its operands within the
@@ -59,10 +59,10 @@ from pathlib import Path  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
-from topos.dialect import conformance_cases  # noqa: E402
-from topos.dialect.cache import CompileCache  # noqa: E402
-from topos.dialect.targets import compiler_missing, require_compiler  # noqa: E402
-from topos.dialect.targets import target as find_target  # noqa: E402
+from topos.dialect.ir.bindings import compiler_missing, require_compiler  # noqa: E402
+from topos.dialect.iree import conformance_cases  # noqa: E402
+from topos.dialect.iree.cache import CompileCache  # noqa: E402
+from topos.dialect.iree.targets import target as find_target  # noqa: E402
 
 from _timing import chosen_models, interleaved, median_seconds, relative_difference, table  # noqa: E402
 

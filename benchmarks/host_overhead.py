@@ -72,22 +72,22 @@ def step_runner(compiled, network, feeds: dict, updates, read=None) -> Runner:
 def selection_feeds(network, feeds: dict) -> dict:
     """The same feeds with every index batch as a topos.selection: checked here, once."""
     import topos
-    from topos.element import SelectionType
+    from topos.base.element import SelectionType
 
     chosen = {}
     for key, value in feeds.items():
-        dtype = network._specs[network.check(network.named(key) if isinstance(key, str) else key)].dtype
+        dtype = network.columns.specs[network.check(network.named(key) if isinstance(key, str) else key)].dtype
         chosen[key] = topos.selection(value, dtype.extent) if isinstance(dtype, SelectionType) else value
     return chosen
 
 
 def _host_inputs(compiled, network, feeds: dict) -> dict:
     """Argument position -> the host array a step uploads for that input (the rate as an array)."""
-    from topos.interpret import bind_feeds, source_value
+    from topos.readings.interpret import bind_feeds, source_value
 
     bound = bind_feeds(network, feeds)
     return {k: source_value(network, i, {}, bound) for k, i in enumerate(compiled.arguments)
-            if network._opcodes[i].name == "input"}
+            if network.columns.opcodes[i].name == "input"}
 
 
 def device_arguments(compiled, network, feeds: dict) -> list:

@@ -63,8 +63,8 @@ VARIANTS = ("same as IREE:64,64:8,8:8", "4x16:64,64:4,16:8", "8x16:64,64:8,16:8"
 
 
 def main() -> None:
-    from topos.dialect.compiled import compile_stablehlo
-    from topos.dialect.targets import DATA_TILING_FLAGS
+    from topos.dialect.iree.compile import compile_stablehlo
+    from topos.dialect.iree.targets import DATA_TILING_FLAGS
 
     from compiled import module_runner
 

@@ -40,7 +40,7 @@ def measure(key: str) -> dict:
     """Run in the child: one model's three figures, as JSON-able numbers."""
     import numpy as np
 
-    from topos.plan.plan import spec_bytes  # the plan's own byte count (a selection's indices are int64)
+    from topos.readings.plan.plan import spec_bytes  # the plan's own byte count (a selection's indices are int64)
 
     from _zoo import build, jax_step
 
@@ -48,7 +48,8 @@ def measure(key: str) -> dict:
     network = model.network
     plan = network.entry(model.roots).lower()
     compiled = plan.compile("llvm-cpu")
-    sources = sum(spec_bytes(network._specs[n]) for n in plan.schedule if network._opcodes[n].name in SOURCES)
+    columns = network.columns
+    sources = sum(spec_bytes(columns.specs[n]) for n in plan.schedule if columns.opcodes[n].name in SOURCES)
     state = compiled.resident(model.parameters)
     for k in range(3):
         state, run = compiled.step(state, model.feeds(k), model.updates)

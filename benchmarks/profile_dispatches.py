@@ -36,8 +36,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from topos.dialect.compiled import compile_stablehlo, module_flags  # noqa: E402
-from topos.dialect.targets import target  # noqa: E402
+from topos.dialect.iree.compile import compile_stablehlo, module_flags  # noqa: E402
+from topos.dialect.iree.targets import target  # noqa: E402
 
 from _timing import table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/refmath_accuracy.py [--points 100000] [--jobs 2]
 
-The points and the 120-bit mpmath references come from ``topos._ulp`` (the
+The points and the 120-bit mpmath references come from ``topos.base.ulp`` (the
 same sampler the tests use: uniform draws over each function's useful
 range, log-uniform magnitudes and neighbours of special points; every
 finite bfloat16 in the domain). A second table times each function on a
@@ -19,7 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from topos import _ulp, refmath
+from topos.base import refmath
+from topos.base import ulp as _ulp
 
 
 def _measure(job: tuple[str, str, int]) -> tuple[str, str, float, object, int, float]:

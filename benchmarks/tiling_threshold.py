@@ -1,7 +1,7 @@
 """Where data tiling starts to pay on this machine: one SGD step of an MLP across its width, tiled and untiled.
 
 ``plan.compile`` turns IREE's data tiling on when the plan's largest
-product reaches ``topos.dialect.targets.data_tiling_threshold(target,
+product reaches ``topos.dialect.iree.targets.data_tiling_threshold(target,
 driver, cpu)`` multiply-adds. This script measures where that threshold
 belongs on the machine it runs on: topos's compiled SGD step of a
 ``batch``-784-``H``-10 MLP (tanh, log-softmax cross-entropy) for each
@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.dialect.compiled import module_flags  # noqa: E402
-from topos.dialect.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
+from topos.dialect.iree.compile import module_flags  # noqa: E402
+from topos.dialect.iree.targets import DATA_TILING_FLAGS, data_tiling_threshold, target  # noqa: E402
 
 from _timing import interleaved, print_preamble, table  # noqa: E402
 

@@ -16,13 +16,13 @@ for the Python thread.
 * batch in   the largest feed to the device two ways: IREE's packer
              (``allocate_buffer_copy``: device memory allocated and mapped
              per call; topos's way on every driver but cuda) and topos's
-             staging on a ``STAGED_DRIVERS`` driver (``_Invoker._staged``
+             staging on a ``STAGED_DRIVERS`` driver (``Invoker._staged``
              and ``_copied``: a pinned buffer kept per argument, a queue
              copy into a fresh device buffer)
 * feeds in   every array the step feeds, staged as ``compiled.step`` stages
              them: their copies submitted together, one wait
 * loss out   the loss to the host two ways: ``DeviceArray.to_host`` and
-             ``_staged_to_host`` (a queue copy into a pinned buffer kept
+             ``staged_to_host`` (a queue copy into a pinned buffer kept
              per size; topos's way for small results on cuda)
 
 docs/performance.md, "On a GPU", quotes it. It never asserts a timing; a
@@ -45,9 +45,9 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 
 import topos  # noqa: E402
-from topos.dialect.cache import CompileCache  # noqa: E402
-from topos.dialect.compiled import _staged_to_host  # noqa: E402
-from topos.dialect.targets import target as find_target  # noqa: E402
+from topos.dialect.iree.cache import CompileCache  # noqa: E402
+from topos.dialect.iree.results import staged_to_host  # noqa: E402
+from topos.dialect.iree.targets import target as find_target  # noqa: E402
 
 from _timing import chosen_models, median_seconds, table  # noqa: E402
 from _zoo import MODELS, build  # noqa: E402
@@ -102,7 +102,7 @@ def price(key: str, chosen, cache: str | None, calls: int) -> str:
     loss = compiled.step(state[0], feeds, model.updates)[1].device(model.read)
     # IREE's own read, called directly: topos's to_host takes the staged way on a STAGED_DRIVERS device.
     rows.append(["loss out, DeviceArray.to_host", median_us(lambda: np.asarray(loss.to_host()), calls)])
-    rows.append(["loss out, staged (pinned, queue copy)", median_us(lambda: _staged_to_host(loss), calls)])
+    rows.append(["loss out, staged (pinned, queue copy)", median_us(lambda: staged_to_host(loss), calls)])
     cpus = sorted(os.sched_getaffinity(0))
     where = f"pinned to CPU {cpus[0]}" if len(cpus) == 1 else f"unpinned ({len(cpus)} CPUs)"
     return (f"{model.name} on {chosen.name} (driver {chosen.driver}); {where}; "

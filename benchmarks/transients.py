@@ -1,7 +1,7 @@
 """Transient storage, measured: each model's module with IREE's own allocation and with caller-provided storage.
 
 A module compiled for ``local-task`` takes a buffer for its transient
-values as its first argument (``topos.dialect.compiled.with_transient_storage``,
+values as its first argument (``topos.dialect.iree.compile.with_transient_storage``,
 IREE's ``iree.abi.transients``); ``local-sync`` modules allocate their own.
 This script is the evidence for that choice. Each model of ``_zoo.py``
 is lowered once and its StableHLO compiled twice under topos's flags for
@@ -41,14 +41,14 @@ import argparse  # noqa: E402
 import iree.runtime as rt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from topos.dialect.compiled import (  # noqa: E402
+from topos.dialect.iree.compile import (  # noqa: E402
     TRANSIENT_SIZE,
     compile_stablehlo,
     transient_estimate,
     uses_transient_storage,
     with_transient_storage,
 )
-from topos.dialect.targets import DATA_TILING_FLAGS  # noqa: E402
+from topos.dialect.iree.targets import DATA_TILING_FLAGS  # noqa: E402
 
 from _timing import chosen_models, cpu_model, table, versions  # noqa: E402
 from _zoo import MODELS, PER_ROUND, models_that_fit  # noqa: E402

@@ -57,7 +57,7 @@ import time  # noqa: E402
 # first import in a process costs 20 ms warm and up to about 100 ms from a cold disk.
 import iree.runtime  # noqa: E402, F401
 
-from topos.dialect.cache import CompileCache  # noqa: E402
+from topos.dialect.iree.cache import CompileCache  # noqa: E402
 
 from _timing import chosen_models, interleaved, load_average, print_preamble, relative_difference, table  # noqa: E402
 from _zoo import MODELS, PER_ROUND, build, jax_step, too_large, topos_step  # noqa: E402

@@ -4,7 +4,7 @@ Nothing here is imported by ``import topos``: the core stays pure NumPy and
 loads MLIR only when a user asks for emission. Importing this package loads
 nothing either: the first name used from it (``emit_text``, say) loads the
 MLIR bindings and registers the op classes; it builds no IR. So a machine
-with IREE's runtime and no compiler still imports ``topos.dialect.compiled``
+with IREE's runtime and no compiler still imports ``topos.dialect.iree.compiled``
 and runs modules compiled elsewhere (docs/compiling.md, "Compiled on one
 machine, run on another").
 
@@ -17,13 +17,14 @@ import importlib
 
 # Each public name -> the submodule that defines it.
 _PUBLIC = {
-    "configure": "context", "new_context": "context",
-    "Diagnostic": "diagnostics", "DialectError": "diagnostics", "VerificationError": "diagnostics",
-    "emit_module": "emit", "emit_text": "emit",
-    "OP_CLASSES": "ops", "ToposOp": "ops", "op_class": "ops", "verify_module": "ops",
-    "parse_module": "parse", "parse_spec": "parse",
-    "PassFailure": "passes", "register_pass": "passes", "registered_passes": "passes", "run_pipeline": "passes",
-    "transform": "passes",
+    "configure": "ir.context", "new_context": "ir.context",
+    "Diagnostic": "ir.diagnostics", "DialectError": "ir.diagnostics", "VerificationError": "ir.diagnostics",
+    "emit_module": "ir.emit", "emit_text": "ir.emit",
+    "OP_CLASSES": "ir.ops", "ToposOp": "ir.ops", "op_class": "ir.ops", "verify_module": "ir.ops",
+    "parse_module": "ir.parse", "parse_spec": "ir.parse",
+    "PassFailure": "passes.registry", "register_pass": "passes.registry", "registered_passes": "passes.registry",
+    "run_pipeline": "passes.registry",
+    "transform": "passes.registry",
 }
 
 __all__ = sorted(_PUBLIC)

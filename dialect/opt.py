@@ -4,7 +4,7 @@
     topos-opt model.mlir -pass-pipeline='builtin.module(topos-verify,canonicalize,cse)' -o out.mlir
     cat model.mlir | topos-opt - --mlir-print-ir-after-change --mlir-timing
     topos-opt tests.mlir -split-input-file -verify-diagnostics
-    topos-opt model.mlir --irdl-file=dialect/topos.irdl.mlir
+    topos-opt model.mlir --irdl-file=dialect/ir/topos.irdl.mlir
     topos-opt --list-passes | --show-dialects | --version
 
 The command line reads as mlir-opt's: every long flag takes one dash or
@@ -86,9 +86,18 @@ from typing import IO
 
 from iree.compiler import ir
 
-from ..files import write_atomically
-from .diagnostics import Diagnostic, DialectError, format_diagnostic
-from .passes import Captured, Pass, native_stderr, parse_options, python_pass, split_pipeline, upstream_pipeline
+from topos.base.files import write_atomically
+from topos.dialect.ir.diagnostics import Diagnostic, DialectError, check_expected, format_diagnostic
+from topos.dialect.passes.registry import (
+    Captured,
+    Pass,
+    native_stderr,
+    parse_options,
+    python_pass,
+    split_pipeline,
+    upstream_pipeline,
+)
+from topos.dialect.pipeline import PASS_PIPELINE, pass_pipeline
 
 SPLIT_MARKER = "// -----"
 EXIT_FAILURE = 1
@@ -268,8 +277,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def _main(argv: list[str], stdin: IO | None) -> int:
-    from . import passes as _passes
-    from .context import new_context
+    from topos.dialect.ir.context import new_context
+    from topos.dialect.passes import registry as _passes
 
     try:
         _passes.load_pass_modules(_pre_scan_modules(argv))
@@ -280,7 +289,7 @@ def _main(argv: list[str], stdin: IO | None) -> int:
     parser = _parser(registered)
     context = new_context()
     with context:
-        is_pass, is_long = _flag_readers(_long_options(parser), {p.name for p in registered})
+        is_pass, is_long = _flag_readers(_long_options(parser), {p.name for p in registered} | {PASS_PIPELINE})
         rest, pipeline = _take_pass_flags([_long_spelling(token, is_long) for token in argv], is_pass)
         arguments, unknown = parser.parse_known_args(rest)
         if unknown and not unknown[0].startswith("-"):  # a second input (mlir-opt: too many positional arguments)
@@ -436,8 +445,11 @@ def _list_passes(registered: Sequence[Pass]) -> str:
         note = ""
     except DialectError as error:
         upstream, note = list(described.values()), f" ({error.diagnostics[0].message}; only these are listed)"
+    pipeline = Pass(PASS_PIPELINE, "fuse, elect, raise, lower: the stages of topos.dialect.pipeline that "
+                    "Plan.emit_stablehlo runs on the emitted module", None, (("kinds", ""), ("convolution", "columns")))
     sections = (
         ("Passes (topos-opt --<name>, or -p 'name{option=value},...'):", [p for p in registered if not p.upstream]),
+        ("Pass pipelines (--<name>, or by name in -p):", [pipeline]),
         (f"Upstream MLIR passes of the bundled compiler (--<name>, or by name in -p){note}:", upstream),
     )
     lines = []
@@ -508,20 +520,35 @@ class _Element:
     spelled: str
 
 
+def _expanded(pipeline: Sequence[str]) -> Iterator[tuple[str, int]]:
+    """The pipeline's elements, with ``topos-to-stablehlo`` spelled out as the passes of topos.dialect.pipeline."""
+    for text in pipeline:
+        for element, offset in split_pipeline(text):
+            if re.split(r"[{(]", element, maxsplit=1)[0].strip() != PASS_PIPELINE:
+                yield element, offset
+                continue
+            options = parse_options(element, offset)[1]
+            unknown = sorted(set(options) - {"kinds", "convolution"})
+            if unknown:
+                raise _command_line_error(f"{PASS_PIPELINE} has no option {unknown[0]!r}; its options are kinds "
+                                          "(the fusion kinds topos-elect raises) and convolution (columns or named)")
+            spelled = pass_pipeline(options.get("kinds"), options.get("convolution", "columns"))
+            yield from ((part, offset) for part, _ in split_pipeline(spelled))
+
+
 def _validated(pipeline: Sequence[str]) -> tuple[_Element, ...]:
     """The pipeline's elements, each checked before any pass runs, as mlir-opt parses its pipeline first."""
     elements = []
-    for text in pipeline:
-        for element, offset in split_pipeline(text):
-            registered = python_pass(element)
-            if registered is None:
-                spelled = str(upstream_pipeline(element, offset)).removeprefix("builtin.module(")[:-1]
-            else:
-                given = parse_options(element, offset)[1]
-                values = {**{option: default for option, default in registered.options if default}, **given}
-                options = " ".join(f"{option}={value}" for option, value in values.items())
-                spelled = f"{registered.name}{{{options}}}" if options else registered.name
-            elements.append(_Element(element, offset, spelled))
+    for element, offset in _expanded(pipeline):
+        registered = python_pass(element)
+        if registered is None:
+            spelled = str(upstream_pipeline(element, offset)).removeprefix("builtin.module(")[:-1]
+        else:
+            given = parse_options(element, offset)[1]
+            values = {**{option: default for option, default in registered.options if default}, **given}
+            options = " ".join(f"{option}={value}" for option, value in values.items())
+            spelled = f"{registered.name}{{{options}}}" if options else registered.name
+        elements.append(_Element(element, offset, spelled))
     return tuple(elements)
 
 
@@ -581,7 +608,7 @@ class _Run:
             return None, list(error.diagnostics)
 
     def _processed(self, text: str, source_name: str, watch: _Watch) -> str:
-        from .parse import parse_module
+        from topos.dialect.ir.parse import parse_module
 
         with watch.timed("Parser"):
             module = parse_module(text, context=self.context, source_name=source_name)
@@ -599,7 +626,7 @@ class _Run:
             return self._print(module)
 
     def _run_element(self, module, element: _Element, watch: _Watch) -> None:
-        from .passes import run_pipeline
+        from topos.dialect.passes.registry import run_pipeline
 
         arguments = self.arguments
         if arguments.mlir_print_ir_before_all:
@@ -629,7 +656,7 @@ class _Run:
             self._dump(f"After {element.text}", module)
 
     def _verify(self, module) -> None:
-        from .passes import PassFailure, verify_or_raise
+        from topos.dialect.passes.registry import PassFailure, verify_or_raise
 
         if self.arguments.no_verify_each:
             return
@@ -844,117 +871,7 @@ def _tool_diagnostics(stderr: str) -> list[Diagnostic]:
     return found
 
 
-# ---- --verify-diagnostics -----------------------------------------------------------------
-
-_EXPECTED = re.compile(r"expected-(error|warning|remark|note)\s*(?:@(above|below|[+-]?\d+))?\s*\{\{(.*?)\}\}")
-# Where an expectation starts: "expected-<severity>" followed by "@" or "{{" (prose that merely
-# names expected-error is left alone, as mlir-opt leaves it).
-_EXPECTATION_START = re.compile(r"expected-(error|warning|remark|note)(-re)?(?=\s*(?:@|\{\{))")
-_LINE_SPECIFIER = re.compile(r"@(above|below|[+-]?\d+)(?![\w+-])")
-
-
-@dataclass
-class _Expectation:
-    severity: str
-    line: int  # the line the diagnostic must point at
-    message: str
-    comment_line: int
-    column: int
-    seen: bool = False
-
-
-def expectations(text: str) -> list[_Expectation]:
-    """The ``// expected-<severity> [@+N|@-N|@N|@above|@below] {{message}}`` comments of a text."""
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        for match in _EXPECTED.finditer(line):
-            severity, where, message = match.groups()
-            target = number
-            if where == "above":
-                target = number - 1
-            elif where == "below":
-                target = number + 1
-            elif where and where[0] in "+-":
-                target = number + int(where)
-            elif where:
-                target = int(where)
-            found.append(_Expectation(severity, target, message, number, match.start() + 1))
-    return found
-
-
-def malformed_expectations(text: str) -> list[tuple[int, int, str]]:
-    """(line, column, problem) of each expected-* comment that cannot be read.
-
-    mlir-opt skips such a comment without a word, so a typo passes a test
-    that checks nothing; topos-opt refuses it instead.
-    """
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        read = [match.span() for match in _EXPECTED.finditer(line)]
-        for start in _EXPECTATION_START.finditer(line):
-            if any(begin <= start.start() < end for begin, end in read):
-                continue  # a well-formed expectation, or words inside one's message
-            severity, regex = start.group(1), start.group(2)
-            rest = line[start.end():].lstrip()
-            specifier = _LINE_SPECIFIER.match(rest) if rest.startswith("@") else None
-            if regex:
-                problem = (f"expected-{severity}-re is not supported by topos-opt; write "
-                           f"expected-{severity} {{{{text}}}}, which matches a diagnostic containing the text")
-            elif rest.startswith("@") and specifier is None:
-                given = rest.split()[0].split("{{")[0]
-                problem = (f"'{given}' is no line of expected-{severity}; write @+N, @-N, @N, @above or @below "
-                           f"before the {{{{message}}}}")
-            elif not rest[specifier.end() if specifier else 0:].lstrip().startswith("{{"):
-                problem = f"expected '{{{{' to start the message of expected-{severity}, as in {{{{message}}}}"
-            else:
-                problem = (f"found start of the expected-{severity} message with no end '}}}}'; "
-                           f"close it on the same line: {{{{message}}}}")
-            found.append((number, start.start() + 1, problem))
-    return found
-
-
-def check_expected(text: str, diagnostics: list[Diagnostic], source_name: str) -> list[Diagnostic]:
-    """Mismatches between produced diagnostics and expected-* comments, as error diagnostics.
-
-    An expected-* comment that cannot be read is an error of its own, and
-    the others are not checked until it is fixed.
-    """
-    malformed = malformed_expectations(text)
-    if malformed:
-        with ir.Context():
-            return [Diagnostic("error", problem, ir.Location.file(source_name, line, column))
-                    for line, column, problem in malformed]
-    wanted = expectations(text)
-    check_notes = any(e.severity == "note" for e in wanted)
-    produced = []
-    for d in diagnostics:
-        produced.append(d)
-        if check_notes:
-            produced.extend(d.notes)
-    failures: list[Diagnostic] = []
-    for d in produced:
-        position = d.position()
-        match = None
-        if position is not None and position[0] in (source_name, "-"):
-            line = position[1]
-            match = next(
-                (e for e in wanted
-                 if not e.seen and e.severity == d.severity and e.line == line and e.message in d.message),
-                None,
-            )
-        if match is not None:
-            match.seen = True
-        else:
-            failures.append(Diagnostic("error", f"unexpected {d.severity}: {d.message}", d.location))
-    with ir.Context():
-        for e in wanted:
-            if not e.seen:
-                where = ir.Location.file(source_name, e.comment_line, e.column)
-                failures.append(Diagnostic("error", f'expected {e.severity} "{e.message}" was not produced', where))
-    return failures
-
-
-__all__ = ["check_expected", "expectations", "main", "malformed_expectations", "split_chunks"]
+__all__ = ["main", "split_chunks"]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ readings of the same spec, picked by ``--route``:
 
 Before training, the first ``--check`` steps of the chosen reading are run
 beside the oracle's from the same weights, and the losses must agree
-within the end-to-end envelope (``topos.dialect.conformance.END_TO_END_ULPS``
+within the end-to-end envelope (``topos.dialect.iree.conformance.END_TO_END_ULPS``
 ulps of the loss per step) or the example stops. Training shows a tqdm
 progress bar with the running loss; ``--plot PATH`` writes the loss curve
 with matplotlib.
@@ -40,8 +40,8 @@ import numpy as np
 
 import topos
 from topos import Numerics, ToposError
-from topos.dialect.targets import TARGETS
-from topos.files import replacing
+from topos.base.files import replacing
+from topos.dialect.iree.targets import TARGETS
 
 ROUTES = ("iree", "plan", "oracle")
 
@@ -239,7 +239,7 @@ def check_against_oracle(network, loss, updates, route: str, feeds_of: Callable[
         return None
     if route == "oracle":
         return 0.0
-    from topos.dialect.conformance import END_TO_END_ULPS
+    from topos.dialect.iree.conformance import END_TO_END_ULPS
 
     fast = trainer if trainer is not None else Trainer(network, loss, updates, route)
     oracle = Trainer(network, loss, updates, "oracle", parameters=fast.parameters)

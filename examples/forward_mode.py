@@ -1,11 +1,11 @@
 """Forward mode (JVP) as a reading of the spec: dual numbers replayed with Opcode.express.
 
 topos has reverse mode built in. Forward mode needs no support from the
-core: ``topos.forward_mode`` replays a sealed network node by node over a
+core: ``topos.readings.forward_mode`` replays a sealed network node by node over a
 ``Dual`` payload, and every opcode computes a primal and a tangent. The
 primal comes from the opcode itself (``opcode.express``), so its bits are
 the oracle's; the tangent comes from the opcode's JVP rule
-(``topos.forward_mode.TANGENT_RULES``). This file is a user of that module.
+(``topos.readings.forward_mode.TANGENT_RULES``). This file is a user of that module.
 
 Three checks, printed by ``main()``:
 
@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from topos import Tape, forward_mode
-from topos.forward_mode import Dual, replay
+from topos import Tape
+from topos.readings import forward_mode
+from topos.readings.forward_mode import Dual, replay
 
 
 def jvp(network, parameters, tangents, target):

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.dialect.targets import TARGETS  # noqa: E402
+from topos.dialect.iree.targets import TARGETS  # noqa: E402
 
 from _training import run  # noqa: E402
 

@@ -23,7 +23,7 @@ import numpy as np
 
 import topos
 from topos import Numerics, Tape
-from topos.drawing import graphviz_available, save_stage
+from topos.views.drawing import graphviz_available, save_stage
 
 import _training  # beside this file: a script's folder is on sys.path
 

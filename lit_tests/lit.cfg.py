@@ -22,7 +22,7 @@ _bin = os.path.dirname(_python)
 
 config.substitutions.append(("%topos-opt", f"{_python} {_root}/tools/topos-opt"))
 config.substitutions.append(("%python", _python))
-config.substitutions.append(("%irdl", f"{_root}/dialect/topos.irdl.mlir"))
+config.substitutions.append(("%irdl", f"{_root}/dialect/ir/topos.irdl.mlir"))
 config.substitutions.append(("%inputs", f"{_here}/Inputs"))
 
 # iree-opt and filecheck live beside the interpreter.

@@ -105,7 +105,7 @@ def _dtypes():
 
 def refmath_digests() -> dict[str, str]:
     """SHA-256 of every refmath function's output on the grid, per dtype."""
-    from topos import refmath
+    from topos.base import refmath
 
     digests = {}
     for dtype in _dtypes():

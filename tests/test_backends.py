@@ -7,8 +7,8 @@ import pytest
 
 import topos
 from topos import Numerics, Tape
-from topos.backends import describe_tally
-from topos.plan.numerics import FAST_KERNELS
+from topos.readings.plan.numerics import FAST_KERNELS
+from topos.views.backends import describe_tally
 
 
 def step():
@@ -29,7 +29,7 @@ def test_every_backend_is_listed_with_a_status_and_a_reason():
     assert f"{len(FAST_KERNELS)} fast kernels" in listed["numpy-fast"].detail
     iree = [b for b in listed.values() if b.name.startswith("iree")]
     assert iree, "the [mlir] extra is installed in the test environment"
-    from topos.dialect.targets import TARGETS
+    from topos.dialect.iree.targets import TARGETS
 
     assert {b.name for b in iree} == {f"iree:{t}" for t in TARGETS}
     assert listed["iree:llvm-cpu"].status == "available"
@@ -40,7 +40,7 @@ def test_every_backend_is_listed_with_a_status_and_a_reason():
 def test_an_iree_target_is_compiled_only_when_its_driver_cannot_run_here():
     import iree.runtime as rt
 
-    from topos.dialect.targets import TARGETS
+    from topos.dialect.iree.targets import TARGETS
 
     drivers = set(rt.query_available_drivers())
     for b in topos.backends():

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from topos import DifferentiationError, Numerics, SymbolError, Tape
-from topos.dialect.conformance_cases import FAMILIES, record_family
-from topos.opcodes import OUTPUT
+from topos.dialect.iree.conformance_cases import FAMILIES, record_family
+from topos.spec.opcodes import OUTPUT
 
 
 def deep_mlp(layers: int = 6, width: int = 64, batch: int = 128, dtype=np.float64):
@@ -117,7 +117,7 @@ def test_every_opcodes_reads_is_enough_for_its_rule(family):
 
 
 def test_a_reads_that_leaves_out_what_the_rule_uses_fails_naming_the_node(monkeypatch):
-    from topos.opcodes.elementwise import Mul
+    from topos.spec.opcodes.elementwise import Mul
 
     def record(tape):
         x = tape.input(np.linspace(0, 1, 12).reshape(3, 4), name="x")

@@ -67,7 +67,7 @@ def fast_plan_step(workload: Workload):
 
 def compiled_step(workload: Workload, cache):
     pytest.importorskip("iree.runtime", reason="the IREE runtime (topos[mlir]) is not installed")
-    from topos.dialect.cache import CompileCache
+    from topos.dialect.iree.cache import CompileCache
 
     plan = workload.trained.entry(workload.updates.roots(workload.loss)).lower()
     compiled = plan.compile("llvm-cpu", cache=CompileCache(cache))

@@ -79,7 +79,7 @@ def test_the_matmul_tile_spec_applies_and_keeps_the_product(tmp_path):
     """benchmarks/matmul_tiles.py's tuning spec sets its tiles on the dispatch, and the module still multiplies."""
     pytest.importorskip("iree.runtime")
     from topos import Tape
-    from topos.dialect.compiled import compile_stablehlo
+    from topos.dialect.iree.compile import compile_stablehlo
 
     import matmul_tiles
 

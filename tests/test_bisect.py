@@ -21,7 +21,7 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.bisect import BisectReport, bisect
+from topos.views.bisect import BisectReport, bisect
 
 pytest.importorskip("iree.compiler")
 pytest.importorskip("iree.runtime")
@@ -63,7 +63,7 @@ def two_branches(dtype=topos.float32, values=None):
 
 
 def computed(network, entry) -> list[int]:
-    return [i for i in sorted(entry.closure()) if not network._opcodes[i].is_source]
+    return [i for i in sorted(entry.closure()) if not network.columns.opcodes[i].is_source]
 
 
 # ---- the library call -----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_perturbed_constant_is_blamed_on_the_node_that_reads_it():
     report = bisect(network.entry([s["loss"]]), network.parameters(),
                     rewrite=lambda text: text.replace("dense<5.000000e-01>", perturbed))
     multiply = s["exp"].index - 1  # x * 0.5: the leaf 0.5 is a source, its reader computes
-    assert network._opcodes[multiply].name == "mul"
+    assert network.columns.opcodes[multiply].name == "mul"
     assert report.outside == (multiply,)
     assert report.first.site.line == recorded_line("exp")
     assert [o.opcode for o in report.first.operands] == ["input", "leaf"]
@@ -187,7 +187,7 @@ def test_feeds_reach_the_compiled_run_and_the_oracle():
 
 
 def test_rewrite_that_breaks_the_module_raises_the_iree_diagnostic():
-    from topos.dialect.compiled import CompileError
+    from topos.dialect.iree.compile import CompileError
 
     network, s = two_branches()
     with pytest.raises(CompileError, match="stablehlo.bogus"):
@@ -223,7 +223,7 @@ def test_a_first_argument_that_is_not_an_entry_is_refused_naming_the_entry_to_pa
 
 
 def test_importing_bisect_and_the_cli_loads_no_mlir():
-    code = ("import sys, topos, topos.bisect, topos.cli; "
+    code = ("import sys, topos, topos.views.bisect, topos.cli; "
             "print([m for m in sys.modules if m.startswith(('iree', 'topos.dialect'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

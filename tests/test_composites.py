@@ -11,7 +11,7 @@ import pytest
 
 import topos
 from topos import Tape, concat, stack
-from topos.errors import ShapeError, ToposError
+from topos.base.errors import ShapeError, ToposError
 
 from conftest import ELEMENT_IDS, ELEMENTS, assert_close, described_opcodes, generator, line_here
 

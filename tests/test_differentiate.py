@@ -27,7 +27,7 @@ import pytest
 
 import topos
 from topos import DifferentiationError, SymbolError, Tape, concat, stack
-from topos.gradcheck import check_gradients
+from topos.readings.gradcheck import check_gradients
 
 DTYPES = (topos.float32, topos.float64, topos.bfloat16)
 _GRID = 64  # operand values are multiples of 1/_GRID
@@ -245,7 +245,7 @@ def assert_recorded_is_scanned(network, target, adjoints, wrt) -> None:
 
 
 def short(dtype) -> str:
-    return topos.element.short_name(dtype)
+    return topos.base.element.short_name(dtype)
 
 
 # ---- per opcode: recorded == scanned, bit for bit; both == finite differences ---------------------
@@ -385,7 +385,7 @@ def test_disconnected_zero_over_zero_injects_no_nan():
 def test_pow_exponent_gradient_at_a_zero_base_is_zero_not_nan():
     """d/db a**b = a**b log a is 0 * -inf at a = 0; its limit (and PyTorch's and JAX's answer) is 0.
     The fuzz's first seeded host run drew it (docs/reliability.md, pow-exponent-at-zero-base)."""
-    from topos.forward_mode import jvp
+    from topos.readings.forward_mode import jvp
 
     def model(tape):
         a = tape.parameter(np.array([0.0, -0.0, 2.0, 0.5]), name="a")

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import topos
-import topos.drawing
+import topos.views.drawing
 from topos import Numerics, Tape, nn
-from topos import display as display_module
-from topos.drawing import graphviz_available
+from topos.views import display as display_module
+from topos.views.drawing import graphviz_available
 
 from _plate import PLATE_FILE, W, X, long_chain, plate
 
@@ -64,13 +64,13 @@ def compile_cache(tmp_path_factory):
         yield
 
 
-# ---- every class listed has a card, and it delegates to topos.display ---------------------------
+# ---- every class listed has a card, and it delegates to topos.views.display ---------------------------
 
 
 def test_every_object_a_learner_touches_has_a_card():
-    from topos.dialect.compiled import CompiledPlan, CompiledRun, ResidentParameters
-    from topos.gradcheck import GradientReport
-    from topos.tape import Value
+    from topos.dialect.iree.compiled import CompiledPlan, CompiledRun, ResidentParameters
+    from topos.readings.gradcheck import GradientReport
+    from topos.spec.tape import Value
 
     classes = [Tape, Value, topos.Network, topos.Node, topos.Run, topos.Parameters, topos.Gradients, topos.Field,
                topos.Adjoints, topos.Entry, topos.Plan, CompiledPlan, CompiledRun, ResidentParameters,
@@ -332,7 +332,7 @@ def test_bisect_card_says_ok_or_names_the_first_divergence(recorded, compile_cac
     assert "_plate.py" in seen and "envelope" in seen  # the user's line and the envelope it left
 
     # A drawing that cannot be made says why, and the card still comes (Graphviz installed or not).
-    monkeypatch.setattr(topos.display, "graphviz_available", lambda: True)
+    monkeypatch.setattr(topos.views.display, "graphviz_available", lambda: True)
     seen = text(dataclasses.replace(report, network=None)._repr_html_())
     assert "bisect on llvm-cpu: ok" in seen and "no drawing: this BisectReport carries no network" in seen
 
@@ -407,8 +407,8 @@ def test_a_large_network_gets_the_note_not_a_drawing_and_graphviz_never_runs(mon
     network, loss = Tape.record(lambda tape: long_chain(tape, 300))
     assert len(network) > 500
     renders = []
-    original = topos.drawing.subprocess.run
-    monkeypatch.setattr(topos.drawing.subprocess, "run", lambda *a, **k: renders.append(a) or original(*a, **k))
+    original = topos.views.drawing.subprocess.run
+    monkeypatch.setattr(topos.views.drawing.subprocess, "run", lambda *a, **k: renders.append(a) or original(*a, **k))
     plan = network.entry([loss]).lower()
     cards = {"network": network._repr_html_(), "run": network.forward(network.parameters())._repr_html_(),
              "entry": plan.entry._repr_html_(), "plan": plan._repr_html_()}
@@ -434,8 +434,8 @@ def test_a_card_never_raises(recorded, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("Graphviz exploded")
 
-    monkeypatch.setattr(topos.drawing, "_render", broken)
-    monkeypatch.setattr(topos.display, "graphviz_available", lambda: True)  # the same without Graphviz
+    monkeypatch.setattr(topos.views.drawing, "_render", broken)
+    monkeypatch.setattr(topos.views.display, "graphviz_available", lambda: True)  # the same without Graphviz
     seen = text(network._repr_html_())
     assert "no drawing: Graphviz exploded" in seen and "parameter 1" in seen
 

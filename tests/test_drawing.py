@@ -17,7 +17,7 @@ import pytest
 
 import topos
 from topos import DrawingError, Numerics, Tape
-from topos.drawing import MAX_NODES, SHADES, save_stage, shades
+from topos.views.drawing import MAX_NODES, SHADES, save_stage, shades
 
 from _plate import long_chain, plate
 
@@ -222,7 +222,7 @@ def test_a_report_without_its_network_asks_for_one(recorded):
 
 def handmade_report(network, loss):
     """A BisectReport as bisect makes one, without compiling: every computed node checked, the tanh outside."""
-    from topos.bisect import BisectReport, Divergence, NodeCheck, OperandSummary
+    from topos.views.bisect import BisectReport, Divergence, NodeCheck, OperandSummary
 
     nodes = network.nodes()
     computed = [i for i in sorted(network.entry([loss]).closure()) if not nodes[i].is_source]

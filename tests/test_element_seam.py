@@ -1,7 +1,7 @@
 """The element seam: float16 and an 8-bit float registered from outside topos, graded end to end.
 
 Both are registered here, by this test module, through the same
-``topos.element.register`` the built-in float32, float64 and bfloat16 go
+``topos.base.element.register`` the built-in float32, float64 and bfloat16 go
 through (``registered`` does it for the module and takes them back out
 afterwards, so other test files see the three built-ins only):
 
@@ -34,8 +34,9 @@ import numpy as np
 import pytest
 
 import topos
-from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape, by_name, check_gradients, refmath
-from topos.element import (
+from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape, by_name, check_gradients
+from topos.base import kernels64, refmath
+from topos.base.element import (
     ELEMENTS,
     Element,
     ElementError,
@@ -47,8 +48,8 @@ from topos.element import (
     short_name,
     unregister,
 )
-from topos.errors import ShapeError
-from topos.plan.numerics import accumulation_scale, envelope_for
+from topos.base.errors import ShapeError
+from topos.readings.plan.numerics import accumulation_scale, envelope_for
 
 F16 = Element(dtype=np.float16, name="f16", mlir="f16", compute=np.float32, accumulate=np.float32,
               rounding=refmath.nearest_even(np.float16), reference_math=refmath.FLOAT64_KERNELS)
@@ -265,7 +266,7 @@ def test_the_generic_rounding_gives_bfloat16_its_own_bits():
     rng = np.random.default_rng(16)
     x = np.concatenate([rng.standard_normal(50000) * np.exp2(rng.uniform(-140, 130, 50000)),
                         [1 + 2.0**-8 + 2.0**-30, 2.0**-134 + 2.0**-160, -0.0, np.inf, -np.inf, 3.4e38]])
-    generic = refmath._nearest_even_by_spacing(topos.bfloat16)(x)
+    generic = kernels64._nearest_even_by_spacing(topos.bfloat16)(x)
     assert np.array_equal(generic.view(np.uint16), refmath.nearest_even(topos.bfloat16)(x).view(np.uint16))
 
 
@@ -305,7 +306,7 @@ ENVELOPES: dict[str, tuple[float, str]] = {
     "matmul": (0.5, "+ k 2^-24 sum|a b|: float32, ascending k, rounded once"),
     "sum": (0.5, "+ n 2^-24 sum|x|: float32 pairwise tree, rounded once"),
     "sum_along": (0.5, "as sum"),
-    "log_softmax": (0.5, "+ 8 2^-24 scale (topos.plan.numerics): float32 throughout, rounded once"),
+    "log_softmax": (0.5, "+ 8 2^-24 scale (topos.readings.plan.numerics): float32 throughout, rounded once"),
     "logsumexp": (0.5, "as log_softmax"),
 }
 
@@ -570,7 +571,7 @@ def test_recorded_gradients_are_the_backward_scan_bit_for_bit(element):
 
 
 # f16 keeps 11 significand bits, float8_e5m2 three: the network's own gradients are graded
-# against float64 finite differences with these tolerances (topos.gradcheck.TOLERANCES has
+# against float64 finite differences with these tolerances (topos.readings.gradcheck.TOLERANCES has
 # only the built-in three; a registered element passes its own).
 GRADIENT_TOLERANCES = {"f16": 5e-3, "f8e5m2": 0.5}
 

@@ -322,7 +322,7 @@ def test_decoding_with_the_cache_is_bit_identical_to_recomputing_on_the_oracle()
 
 def _within_the_envelope_of_the_oracle(compiled, network, generation, table, tokens, known: int):
     """Every position's logits of ``compiled`` (an iree Decoder) within the end-to-end envelope of the oracle's."""
-    from topos.dialect.conformance import END_TO_END_ULPS
+    from topos.dialect.iree.conformance import END_TO_END_ULPS
 
     got = _step_by_step(compiled, tokens, known)
     oracle = _step_by_step(sampling.Decoder(network, generation, table, "oracle"), tokens, known)

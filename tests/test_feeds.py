@@ -7,7 +7,7 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.errors import FeedError, SymbolError, ToposError
+from topos.base.errors import FeedError, SymbolError, ToposError
 
 F32 = np.float32
 
@@ -189,7 +189,7 @@ def test_a_selection_fed_with_floats_or_the_wrong_shape_is_refused(recorded):
 
 def test_indexing_a_selection_gives_a_selection_of_the_same_extent_without_a_second_check(monkeypatch):
     data = topos.selection(np.arange(12).reshape(6, 2) % 5, 5)
-    import topos.element as element
+    import topos.base.element as element
 
     monkeypatch.setattr(element, "check_indices", lambda *a: pytest.fail("checked again"))
     for key, want in ((np.array([4, 0, 4]), data.indices[[4, 0, 4]]), (slice(1, 3), data.indices[1:3]),

@@ -7,8 +7,8 @@ import pytest
 
 import topos
 from topos import Fidelity, Numerics, Tape, ToposError, by_name
-from topos.plan.numerics import FAST_KERNELS, REGISTERED, Envelope, kernel_for
-from topos.plan.patterns import CATALOG
+from topos.readings.plan.numerics import FAST_KERNELS, REGISTERED, Envelope, kernel_for
+from topos.readings.plan.patterns import CATALOG
 
 RNG = np.random.default_rng(11)
 A = RNG.standard_normal((40, 300)).astype(np.float32)

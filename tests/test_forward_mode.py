@@ -1,4 +1,4 @@
-"""Forward mode (topos.forward_mode): every opcode's JVP rule graded against reverse mode and finite differences.
+"""Forward mode (topos.readings.forward_mode): every opcode's JVP rule graded against reverse mode and by differences.
 
 Each row of the opcode table (``CASES`` in tests/test_differentiate.py:
 every opcode, every map function, the composites) is recorded by
@@ -32,7 +32,7 @@ import pytest
 
 import topos
 from topos import DifferentiationError, Tape
-from topos.forward_mode import MAP_TANGENTS, TANGENT_RULES, Dual, Tangents, jvp
+from topos.readings.forward_mode import MAP_TANGENTS, TANGENT_RULES, Dual, Tangents, jvp
 
 from conftest import EPSILON
 from test_differentiate import CASES, DTYPES, assert_bitwise, grid, record_case, short

@@ -57,7 +57,7 @@ from hypothesis.control import event as _hypothesis_event
 
 import topos
 from topos import MAP_FUNCTIONS, OPCODES, Numerics, Tape
-from topos.element import is_element
+from topos.base.element import is_element
 
 from _fuzz_graphs import (
     DTYPES,
@@ -406,7 +406,7 @@ SIN_COS_LARGE_ARGUMENT = Known(
     "iree-sin-cos-large-argument",
     "float32 and bfloat16 sin and cos on llvm-cpu lose the range reduction from |x| of about 5e7 on: "
     "the results leave [-1, 1] (sin(1e10) = -6e21, sin(1e20) = -inf; the oracle gives -0.488, 0.657)",
-    "IREE (3.13.0) math approximation of sin/cos; in topos, dialect/lowering.py could reduce the "
+    "IREE (3.13.0) math approximation of sin/cos; in topos, dialect/passes/lowering.py could reduce the "
     "argument (or compute float32 sin/cos in float64) before IREE sees it")
 F64_ERF_SIGN = Known(
     "iree-f64-erf-sign",
@@ -420,7 +420,7 @@ GLOBAL_WRITE = Known(
     "on global resources are restricted to workgroup distributed contexts\" at a narrow of a padded, "
     "doubled scatter, when every node is a result (as bisect compiles); found by the slow run, not "
     "yet minimised below one fuzzed graph",
-    "IREE (3.13.0) llvm-cpu dispatch distribution; in topos, dialect/lowering.py once minimised")
+    "IREE (3.13.0) llvm-cpu dispatch distribution; in topos, dialect/passes/lowering.py once minimised")
 BINDING_COUNT = Known(
     "iree-binding-count",
     "IREE's CPU runtime refuses to load a module it compiled, 'binding count 41 > 32' at "
@@ -467,7 +467,7 @@ def _constant(network, i: int) -> bool:
 
 def _known_outside(network, i: int, compiled: dict, oracle) -> Known | None:
     """Which known divergence explains node ``i`` leaving its envelope, if one does."""
-    from topos.dialect.conformance import deviation
+    from topos.dialect.iree.conformance import deviation
 
     nodes = network.nodes()
     node = nodes[i]
@@ -498,7 +498,7 @@ def _known_outside(network, i: int, compiled: dict, oracle) -> Known | None:
 
 def _erf_sign_flipped(network, i: int, compiled: dict, oracle) -> bool:
     """Whether node ``i`` is a float64 erf whose compiled value is its reference with the sign flipped."""
-    from topos.dialect.conformance import deviation
+    from topos.dialect.iree.conformance import deviation
 
     node = network.nodes()[i]
     if node.opcode.name != "map" or node.attributes["function"] != "erf" or node.dtype != topos.float64:
@@ -532,7 +532,7 @@ def _compiled_values(network, entry, parameters, feeds) -> dict:
 
 def check_compiled(batch: list[Graph], tally: Tally) -> None:
     """Check 3 on a batch of graphs recorded into one network: one compile, every node judged."""
-    from topos.dialect.compiled import CompileError
+    from topos.dialect.iree.compile import CompileError
 
     batch = [g for g in batch if HAS_LINKER or g.dtype != "f64"]
     while batch:
@@ -1048,7 +1048,7 @@ def test_known_divergence_iree_f64_erf_keeps_its_sign(compile_cache):
 
 def test_check_4_catches_a_wrong_derivative_rule(monkeypatch):
     """Check 4 is not vacuous: a sin rule off by 0.1% fails it (and is not set aside as an artefact)."""
-    from topos.opcodes import elementwise
+    from topos.spec.opcodes import elementwise
 
     wrong = elementwise.MapFunction(elementwise.refmath.sin, lambda x, out, g: g * x.cos() * 1.001,
                                     frozenset({0}))

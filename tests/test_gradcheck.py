@@ -7,14 +7,14 @@ import pytest
 
 import topos
 from topos import DifferentiationError, SymbolError, Tape, ToposError
-from topos.gradcheck import (
+from topos.readings.gradcheck import (
     DEFAULT_STEP,
     TOLERANCES,
     GradientCheckError,
     GradientReport,
     check_gradients,
 )
-from topos.opcodes.elementwise import MAP_FUNCTIONS, MapFunction
+from topos.spec.opcodes.elementwise import MAP_FUNCTIONS, MapFunction
 
 X0 = np.array([[0.5, -1.25, 0.75], [1.5, 0.25, -0.5]])
 W0 = np.array([[0.25, -0.5], [1.0, 0.75], [-1.5, 0.5]])
@@ -179,8 +179,8 @@ def test_a_selection_target_is_refused_as_having_no_gradient_with_or_without_a_t
 
 
 def test_a_registered_element_without_a_default_tolerance_asks_for_one():
-    from topos import refmath
-    from topos.element import ELEMENTS, Element, register, unregister
+    from topos.base import refmath
+    from topos.base.element import ELEMENTS, Element, register, unregister
 
     ours = np.dtype(np.float16) not in ELEMENTS  # tests/test_element_seam.py may hold it registered
     if ours:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from topos import Gradients, Tape
-from topos.errors import SymbolError
+from topos.base.errors import SymbolError
 
 F64 = np.float64
 RNG = np.random.default_rng(7)

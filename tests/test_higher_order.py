@@ -17,7 +17,7 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.gradcheck import check_gradients
+from topos.readings.gradcheck import check_gradients
 
 from test_differentiate import (
     CASES,

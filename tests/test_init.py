@@ -16,8 +16,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from topos import init, refmath
-from topos.errors import ArgumentError, ShapeError
+from topos import init
+from topos.base import refmath
+from topos.base.errors import ArgumentError, ShapeError
 from topos.init import Generator
 
 import _cpu_features as cpu_features
@@ -198,7 +199,7 @@ def test_module_uses_no_numpy_random_or_transcendentals_and_imports_no_mlir():
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     allowed = {"__future__", "collections.abc", "dataclasses", "functools", "math", "ml_dtypes", "numpy", "numpy.typing",
                "typing"}
-    assert imported <= allowed | {"topos", "topos.refmath", "topos.errors", "topos.element"}
+    assert imported <= allowed | {"topos", "topos.base", "topos.base.refmath", "topos.base.errors", "topos.base.element"}
 
 
 # --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 import topos
 from topos import FeedError, Tape
-from topos.errors import ArgumentError
+from topos.base.errors import ArgumentError
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")

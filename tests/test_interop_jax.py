@@ -1,8 +1,8 @@
 """XLA as a second engine: topos's emitted StableHLO run unchanged by jax, graded as IREE's is.
 
-Every conformance family (``topos.dialect.conformance_cases.FAMILIES``)
+Every conformance family (``topos.dialect.iree.conformance_cases.FAMILIES``)
 and the benchmark models run through ``topos.interop.jax`` on XLA's CPU
-client, and every node is judged by ``topos.dialect.conformance.check_values``
+client, and every node is judged by ``topos.dialect.iree.conformance.check_values``
 with the envelopes IREE's llvm-cpu meets (``grade``). What XLA is known
 to get wrong is not hidden: each departure is a named entry of
 ``topos.interop.jax.DIVERGENCES``, shown to still occur, and its nodes
@@ -28,11 +28,11 @@ pytest.importorskip("iree.compiler")
 
 import topos  # noqa: E402
 from topos import Tape  # noqa: E402
-from topos.dialect import conformance_cases  # noqa: E402
-from topos.dialect.conformance import END_TO_END_ULPS, TABLE  # noqa: E402
-from topos.dialect.conformance_cases import FAMILIES, FamilyResult  # noqa: E402
-from topos.element import short_name  # noqa: E402
-from topos.errors import ArgumentError, DifferentiationError, FeedError  # noqa: E402
+from topos.base.element import short_name  # noqa: E402
+from topos.base.errors import ArgumentError, DifferentiationError, FeedError  # noqa: E402
+from topos.dialect.iree import conformance_cases  # noqa: E402
+from topos.dialect.iree.conformance import END_TO_END_ULPS, TABLE  # noqa: E402
+from topos.dialect.iree.conformance_cases import FAMILIES, FamilyResult  # noqa: E402
 from topos.interop import jax as xla  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_xla_flushes_subnormals_like_iree_on_the_cpu():
     got = xla.to_jax(network.entry([out]).lower()).forward(network.parameters())[out]
     assert got.tolist() == [0.0, 0.0, 1.0]  # flushed: -0 + 0 is +0
     assert network.forward(network.parameters())[out][0] != 0  # the oracle keeps the subnormal
-    from topos.dialect.conformance import FLUSHES_SUBNORMALS
+    from topos.dialect.iree.conformance import FLUSHES_SUBNORMALS
 
     assert FLUSHES_SUBNORMALS[xla.GRADED_AS]
 

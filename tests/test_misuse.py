@@ -806,7 +806,7 @@ def emitting_mlir_with_debug_info_no():
 @case(ArgumentError, "emit_text: debug_info must be True or False, got 'no'")
 def emitting_text_with_debug_info_no():
     pytest.importorskip("iree.compiler")
-    from topos.dialect.emit import emit_text
+    from topos.dialect.ir.emit import emit_text
 
     network, (w, x, loss) = _small()
     emit_text(network, [loss], debug_info="no")
@@ -1183,7 +1183,7 @@ def _trained():
 
 
 def _dialect():
-    from topos.dialect import cache, compiled, targets
+    from topos.dialect.iree import cache, compiled, targets
 
     return cache, compiled, targets
 

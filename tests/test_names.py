@@ -7,7 +7,7 @@ import pytest
 
 import topos
 from topos import Numerics, Tape
-from topos.errors import DifferentiationError, FeedError, RecordingError, SealedError, ShapeError, SymbolError
+from topos.base.errors import DifferentiationError, FeedError, RecordingError, SealedError, ShapeError, SymbolError
 
 F32 = np.float32
 
@@ -149,7 +149,7 @@ def test_differentiate_refuses_state_slots_naming_them():
 
 
 def test_names_and_roles_travel_through_mlir_and_back():
-    from topos.dialect.parse import parse_spec
+    from topos.dialect.ir.parse import parse_spec
 
     network, _ = _model(4)
     text = network.emit_mlir()

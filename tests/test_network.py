@@ -10,7 +10,7 @@ import pytest
 
 import topos
 from topos import Network, Tape
-from topos.errors import SealedError, SymbolError
+from topos.base.errors import SealedError, SymbolError
 
 from conftest import DESCRIBE_LINE
 
@@ -38,11 +38,15 @@ def recorded():
 def test_network_attributes_cannot_be_set_or_deleted(recorded):
     network, _ = recorded
     with pytest.raises(SealedError, match="immutable"):
-        network._opcodes = ()
+        network.columns = ()
+    with pytest.raises(AttributeError):  # the columns are a tuple of tuples: nothing in them can be set either
+        network.columns.opcodes = ()
+    with pytest.raises(TypeError):
+        network.columns.opcodes[0] = None
     with pytest.raises(SealedError):
         network.anything = 1
     with pytest.raises(SealedError):
-        del network._opcodes
+        del network.columns
     assert len(network) == 12
 
 
@@ -148,7 +152,7 @@ def test_describe_has_one_parseable_line_per_node_then_a_summary(recorded):
         operands = [int(o) for o in match["operands"].split(",") if o.strip()]
         assert operands == [s.index for s in node.operands]
         assert [int(d) for d in match["shape"].split(",") if d.strip()] == list(node.shape)
-        assert match["dtype"] == topos.element.short_name(node.dtype)
+        assert match["dtype"] == topos.base.element.short_name(node.dtype)
     assert lines[-1] == "network: 12 nodes (1 parameter, 1 input, 2 leaves)"
 
 

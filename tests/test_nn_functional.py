@@ -13,8 +13,8 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.gradcheck import check_gradients
 from topos.nn import batch_norm, batch_norm_inference, conv2d, max_pool
+from topos.readings.gradcheck import check_gradients
 
 from conftest import ELEMENT_IDS, ELEMENTS, assert_close, generator
 

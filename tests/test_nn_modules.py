@@ -8,7 +8,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import Tape, nn, selection
-from topos.errors import ArgumentError, RecordingError, ShapeError
+from topos.base.errors import ArgumentError, RecordingError, ShapeError
 
 torch = pytest.importorskip("torch")
 

@@ -1,6 +1,6 @@
 """FAST plans: BLAS and native math, each kernel within its declared envelope of the oracle.
 
-``topos/plan/numerics.py`` declares, next to every fast kernel, how far it
+``topos/readings/plan/numerics.py`` declares, next to every fast kernel, how far it
 may stray from the reference kernel: ``|fast - exact| <= ulps * eps *
 scale + tiny``. One checker here (``check_node``) applies that envelope
 per node type, with ``scale`` defined per opcode:
@@ -32,7 +32,7 @@ import pytest
 
 import topos
 from topos import Numerics, Tape
-from topos.plan.numerics import FAST_KERNELS, accumulation_scale, envelope_for
+from topos.readings.plan.numerics import FAST_KERNELS, accumulation_scale, envelope_for
 
 from conftest import ELEMENT_IDS, ELEMENTS, generator
 

@@ -21,7 +21,7 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.errors import ShapeError, ToposError
+from topos.base.errors import ShapeError, ToposError
 
 from conftest import ELEMENT_IDS, ELEMENTS, assert_close, generator, line_here
 

@@ -8,7 +8,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import Numerics, Tape, nn, optim, selection
-from topos.errors import ArgumentError, DifferentiationError, FeedError, SymbolError
+from topos.base.errors import ArgumentError, DifferentiationError, FeedError, SymbolError
 
 F32, F64 = np.float32, np.float64
 RNG = np.random.default_rng(11)

@@ -10,7 +10,7 @@ import pytest
 
 import topos
 from topos import Parameters, Tape
-from topos.errors import FeedError, SymbolError
+from topos.base.errors import FeedError, SymbolError
 
 F32 = np.float32
 

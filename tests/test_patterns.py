@@ -16,7 +16,7 @@ import pytest
 
 from topos import Numerics, Tape
 from topos.nn import batch_norm, batch_norm_inference, conv2d, max_pool
-from topos.plan import CATALOG
+from topos.readings.plan.patterns import CATALOG
 
 from conftest import ELEMENT_IDS, ELEMENTS, generator
 from test_numerics_fast import check_node

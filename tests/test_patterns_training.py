@@ -26,9 +26,8 @@ import pytest
 
 from topos import Numerics, Tape
 from topos.nn import conv2d, max_pool
-from topos.plan import elect
-from topos.plan.patterns import pattern
-from topos.plan.plan import Kernels
+from topos.readings.plan.patterns import elect, pattern
+from topos.readings.plan.plan import Kernels
 
 from conftest import ELEMENT_IDS, ELEMENTS, EPSILON, generator
 from test_patterns import assert_bitwise, hand_conv, of_kind

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from topos import FeedError, Numerics, SymbolError, Tape
-from topos.opcodes import by_name
-from topos.plan.numerics import FAST_KERNELS
+from topos.readings.plan.numerics import FAST_KERNELS
+from topos.spec.opcodes import by_name
 
 from conftest import generator
 
@@ -429,7 +429,7 @@ def test_working_peak_refuses_an_uncounted_node_the_network_lacks():
 def test_numerics_and_kernel_names_are_checked_not_read_as_none():
     import topos
     from topos import ArgumentError, Fidelity
-    from topos.plan.numerics import envelope_for
+    from topos.readings.plan.numerics import envelope_for
 
     assert Numerics.EXACT.accepts(Fidelity.COMPOSED) and not Numerics.EXACT.accepts(Fidelity.ENVELOPE)
     for wrong in ("ENVELOPE", None, 42):  # a string used to pass as "not ENVELOPE"

@@ -36,8 +36,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from topos import Numerics, Tape, refmath
-from topos.opcodes import by_name
+from topos import Numerics, Tape
+from topos.base import refmath
+from topos.spec.opcodes import by_name
 
 from conftest import generator
 

@@ -139,7 +139,7 @@ def graphs(draw, dtype):
         pool = [_source(tape, draw, _shape(draw), dtype) for _ in range(draw(st.integers(1, 3)))]
         for _ in range(draw(st.integers(1, 16))):
             pool.append(_step(tape, draw, pool, dtype))
-        computed = [v for v in pool if not tape._opcodes[v._index].is_source] or pool
+        computed = [v for v in pool if not tape.columns.opcodes[v._index].is_source] or pool
         declared["roots"] = [v.symbol for v in draw(st.lists(st.sampled_from(computed), min_size=1, max_size=3))]
         declared["observes"] = [v.symbol for v in draw(st.lists(st.sampled_from(pool), max_size=3))]
         return None

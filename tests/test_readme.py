@@ -50,3 +50,19 @@ def test_every_example_the_readme_lists_exists_and_has_its_row_in_docs_examples(
     for script in scripts:
         assert (ROOT / script).is_file(), script
         assert f"python {script}" in guide, f"{script} has no command in docs/examples.md"
+
+
+def test_every_count_of_opcodes_and_map_functions_in_prose_is_the_vocabularys():
+    """ "27 opcodes" is written in guides and docstrings; each one must say what topos.OPCODES holds."""
+    import topos
+
+    counts = {"opcodes": {len(topos.OPCODES), sum(not op.is_source for op in topos.OPCODES)},
+              "map functions": {len(topos.MAP_FUNCTIONS)}}
+    wrong = []
+    files = [*ROOT.glob("README.md"), *ROOT.glob("docs/**/*.md"), *ROOT.glob("topos/**/*.py"),
+             *ROOT.glob("dialect/**/*.py"), *ROOT.glob("tests/**/*.py")]
+    for path in files:
+        for number, noun in re.findall(r"\b(\d+) (opcodes|map functions)\b", path.read_text()):
+            if int(number) not in counts[noun]:
+                wrong.append(f"{path.relative_to(ROOT)}: {number} {noun}")
+    assert not wrong, f"counts that are not the vocabulary's ({counts}): {wrong}"

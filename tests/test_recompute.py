@@ -1,4 +1,4 @@
-"""The checkpointed backward (topos.recompute): run.backward's gradients bit for bit, in less memory.
+"""The checkpointed backward (topos.readings.recompute): run.backward's gradients bit for bit, in less memory.
 
 ``recompute.backward`` keeps only segment boundaries in its forward sweep
 and recomputes each segment during the backward scan. It is graded against
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import topos
-from topos import DifferentiationError, Tape, recompute
+from topos import DifferentiationError, Tape
+from topos.readings import recompute
 
 from test_differentiate import CASES, DTYPES, assert_bitwise, record_case, short
 

@@ -10,7 +10,7 @@ import pytest
 
 import topos
 from topos import Tape, Value
-from topos.errors import FeedError, SealedError, ShapeError, SymbolError, ToposError
+from topos.base.errors import FeedError, SealedError, ShapeError, SymbolError, ToposError
 
 from conftest import assert_close, line_here
 
@@ -210,14 +210,15 @@ def test_a_lifted_number_and_a_broadcast_payload_are_stored_as_one_element(eleme
     network, out = Tape.record(model)
     kept, lifted = (n.symbol for n in network.nodes() if n.opcode.name == "leaf")  # in recording order
     for symbol, value in ((lifted, 0.044715), (kept, -0.0)):
-        stored = network._payloads[symbol.index]
+        stored = network.columns.payloads[symbol.index]
         assert stored.shape == shape and not any(stored.strides) and not stored.flags.writeable
-        want = topos.element.convert(np.full(shape, value), element)
+        want = topos.base.element.convert(np.full(shape, value), element)
         handed = network.payload(symbol)  # the caller's own full copy
         assert handed.tobytes() == want.tobytes() and handed.flags.c_contiguous
     # The oracle reads the stride-0 payloads like any array.
     got = network.forward(network.parameters())[out]
-    assert got.tobytes() == (np.ones(shape, element) * topos.element.convert(np.float64(0.044715), element)).tobytes()
+    lifted = topos.base.element.convert(np.float64(0.044715), element)
+    assert got.tobytes() == (np.ones(shape, element) * lifted).tobytes()
     # The digest of a splat is its own: another number gives another plan digest.
     other, out2 = Tape.record(lambda tape: tape.input(np.ones(shape, element)) * 0.5)
     assert network.entry([out]).lower().digest() != other.entry([out2]).lower().digest()

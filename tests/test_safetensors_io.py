@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from topos import safetensors_io
-from topos.safetensors_io import CheckpointError
+from topos.base import safetensors_io
+from topos.base.safetensors_io import CheckpointError
 
 from conftest import generator
 
@@ -730,11 +730,12 @@ def test_a_tensor_too_big_for_memory_is_a_checkpoint_error_naming_it_and_its_siz
 
 def test_advice_for_a_torch_tensor_handed_to_write_works_for_bfloat16(tmp_path):
     torch = pytest.importorskip("torch")
-    from topos.element import host_array
+    from topos.base.element import host_array
 
     tensor = torch.ones(2, dtype=torch.bfloat16, requires_grad=True)
     path = tmp_path / "m.safetensors"
-    with pytest.raises(CheckpointError, match=r"tensor 'w' is a Tensor; convert it with topos\.element\.host_array, "
+    with pytest.raises(CheckpointError, match=r"tensor 'w' is a Tensor; convert it with "
+                                              r"topos\.base\.element\.host_array, "
                                               r"or save it with topos\.checkpoint\.save"):
         safetensors_io.write(path, {"w": tensor})
     safetensors_io.write(path, {"w": host_array(tensor)})  # the advice, followed

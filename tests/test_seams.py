@@ -26,8 +26,8 @@ import pytest
 
 import topos
 from topos import Numerics, ShapeError, Tape
-from topos.element import compute_type, round_to
-from topos.plan.patterns import CATALOG, Candidate, Pattern, register_pattern
+from topos.base.element import compute_type, round_to
+from topos.readings.plan.patterns import CATALOG, Candidate, Pattern, register_pattern
 
 from conftest import ELEMENT_IDS, ELEMENTS, generator, line_here
 
@@ -237,7 +237,7 @@ def test_the_emission_sees_a_new_offer_and_lowers_its_nodes_one_by_one(registere
 @pytest.fixture
 def pass_registry():
     pytest.importorskip("iree.compiler")
-    from topos.dialect import passes
+    from topos.dialect.passes import registry as passes
 
     before = set(passes._REGISTRY)
     yield passes
@@ -248,7 +248,7 @@ def pass_registry():
 def _register_opcode_census(passes):
     from iree.compiler import ir
 
-    from topos.dialect.ops import topos_operations
+    from topos.dialect.ir.ops import topos_operations
 
     @passes.register_pass("seams-opcode-census", "Count the ops of each opcode; refuse one opcode")
     def census(module, *, forbid=""):
@@ -302,7 +302,7 @@ def test_a_pass_failure_points_at_the_recording_line(pass_registry):
 
 def test_a_package_registers_passes_through_the_entry_point_group(pass_registry, tmp_path, monkeypatch):
     (tmp_path / "seams_plugin.py").write_text(
-        "from topos.dialect.passes import register_pass\n"
+        "from topos.dialect.passes.registry import register_pass\n"
         "\n"
         "@register_pass('seams-plugin-mark', 'Mark @main as visited by the plugin')\n"
         "def mark(module):\n"
@@ -391,7 +391,7 @@ def test_a_new_backend_reads_the_emitted_module_and_matches_the_oracle_bitwise()
 
 def test_a_new_iree_target_row_is_reachable_by_name(tmp_path, monkeypatch):
     pytest.importorskip("iree.runtime")
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     monkeypatch.setenv("TOPOS_CACHE_DIR", str(tmp_path))
     generic = targets.Target(

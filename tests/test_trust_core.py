@@ -10,7 +10,7 @@ import pytest
 
 import topos
 from topos import Numerics, Tape, optim, selection
-from topos.errors import FeedError
+from topos.base.errors import FeedError
 
 F32, F64, BF16 = np.float32, np.float64, np.dtype(ml_dtypes.bfloat16)
 torch = pytest.importorskip("torch")
@@ -101,7 +101,7 @@ ONCE = float(np.array(1 + 2**-7, F32).astype(BF16))
 
 def test_the_tricky_value_rounds_once_through_convert_whatever_mldtypes_does():
     assert float(np.float64(TRICKY).astype(BF16)) in (1.0, ONCE)  # 1.0: ml_dtypes 0.6.0, via float32
-    assert float(topos.element.convert(TRICKY, BF16)) == ONCE == 1.0078125
+    assert float(topos.base.element.convert(TRICKY, BF16)) == ONCE == 1.0078125
 
 
 def test_every_conversion_into_bfloat16_rounds_once():
@@ -125,7 +125,7 @@ def test_every_conversion_into_bfloat16_rounds_once():
     assert len(once) == 2  # the lifted scalar and sgd's rate
     assert float(optim.SGD(lr=TRICKY).step(network.parameters(), network.parameters())[0]["w"][0]) == 0.0
     assert float(topos.nn.functional.causal_mask(2, dtype=BF16)[0, 1]) == float(
-        topos.element.convert(-1e9, BF16))
+        topos.base.element.convert(-1e9, BF16))
 
 
 # ---- selections ------------------------------------------------------------------------------------

@@ -1,15 +1,15 @@
 """topos: record a tensor graph once, then read the sealed spec in named ways.
 
-``import topos`` loads only NumPy and ml_dtypes; the MLIR side
-(``topos.dialect``) is imported on demand.
+This is the door: every name a user imports from ``topos``. The layers
+behind it are folders, bottom to top (``topos/layers.py`` has the plan):
+``base``, ``spec``, ``readings``, ``views``, then the facades ``nn``,
+``optim``, ``init`` and ``checkpoint``, which use only the names below and
+load when first named. ``import topos`` loads only NumPy and ml_dtypes;
+the MLIR side (``topos.dialect``) is imported on demand.
 """
 
-from .backends import backends
-from .bisect import BisectReport, bisect
-from .differentiate import Adjoints, Field, Gradients
-from .drawing import Drawing, DrawingError, draw, plot_live_bytes
-from .element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
-from .errors import (
+from topos.base.element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
+from topos.base.errors import (
     ArgumentError,
     CheckpointError,
     DifferentiationError,
@@ -21,22 +21,51 @@ from .errors import (
     SymbolError,
     ToposError,
 )
-from .gradcheck import GradientCheckError, GradientReport, check_gradients
-from .network import Network, Node
-from .opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
-from .parameters import Parameters
-from .plan import Candidate, Entry, Numerics, Plan
-from .plan.numerics import Fidelity, exactly, posture, register_kernel, unregister_kernel
-from .recordable import Eager, Recordable, concat, stack
-from .run import Run
-from .symbol import Symbol
-from .tape import Tape, Value, detach
-from .update import Updates, sgd
-
-# The facades use only the names above, so they are imported last.
-from . import checkpoint, init, nn, optim  # noqa: E402, I001  # isort: skip
+from topos.readings.differentiate import Adjoints, Field, Gradients
+from topos.readings.eager import Eager
+from topos.readings.gradcheck import GradientCheckError, GradientReport, check_gradients
+from topos.readings.plan.entry import Entry
+from topos.readings.plan.numerics import Fidelity, Numerics, exactly, posture, register_kernel, unregister_kernel
+from topos.readings.plan.patterns import Candidate
+from topos.readings.plan.plan import Plan
+from topos.readings.update import Updates, sgd
+from topos.spec.network import Network, Node
+from topos.spec.opcodes import MAP_FUNCTIONS, OPCODES, Opcode, by_name
+from topos.spec.parameters import Parameters
+from topos.spec.recordable import Recordable, concat, stack
+from topos.spec.run import Run
+from topos.spec.symbol import Symbol
+from topos.spec.tape import Tape, Value, detach
+from topos.views.backends import backends
+from topos.views.bisect import BisectReport, bisect
+from topos.views.drawing import Drawing, DrawingError, draw, plot_live_bytes
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """A facade, loaded when first named (``topos.nn``, ``from topos import optim``)."""
+    if name == "nn":
+        import topos.nn as nn
+
+        return nn
+    if name == "optim":
+        import topos.optim as optim
+
+        return optim
+    if name == "init":
+        import topos.init as init
+
+        return init
+    if name == "checkpoint":
+        import topos.checkpoint as checkpoint
+
+        return checkpoint
+    raise AttributeError(f"module 'topos' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 __all__ = [
     "ELEMENTS", "MAP_FUNCTIONS", "OPCODES", "Adjoints", "ArgumentError", "BisectReport", "Candidate", "CheckpointError",

@@ -10,7 +10,7 @@ then it reads only the tensors it keeps. Because module names are
 PyTorch's, a ``torch.nn`` state_dict saved with
 ``safetensors.torch.save_file`` loads as is, and ``save`` takes a
 state_dict of torch tensors (bfloat16 and requires-grad ones included).
-Nothing here pickles; the format is in ``topos/safetensors_io.py``.
+Nothing here pickles; the format is in ``topos/base/safetensors_io.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from topos import ArgumentError, CheckpointError, Network, Parameters
-from topos.element import host_array
-from topos.parameters import check_keyed_by_name
-from topos.safetensors_io import header, read, read_metadata, write
+from topos.base.element import host_array
+from topos.base.safetensors_io import header, read, read_metadata, write
+from topos.spec.parameters import check_keyed_by_name
 
 
 def _named(path, table) -> dict[str, np.ndarray]:

@@ -108,7 +108,7 @@ def _export(arguments) -> int:
     _check_export_arguments(arguments)
     case = _load_function(path, function)
     entry, parameters, feeds = _call_case(case, path, function)
-    from topos.errors import ToposError
+    from topos.base.errors import ToposError
 
     try:
         folder = entry.lower().export(arguments.output, arguments.target, parameters=parameters, feeds=feeds,
@@ -123,8 +123,8 @@ def _export(arguments) -> int:
 
 def _check_export_arguments(arguments) -> None:
     """What the command line alone shows to be wrong, refused before the case runs or anything is written."""
-    from topos.dialect.targets import target
-    from topos.errors import ToposError
+    from topos.base.errors import ToposError
+    from topos.dialect.iree.targets import target
 
     try:
         chosen = target(arguments.target)
@@ -171,7 +171,7 @@ def _message(error: BaseException, path: Path) -> str:
 
 def _bare(error: BaseException) -> str:
     """The message of a topos error without the place AtTheUsersLine puts in front of it."""
-    from topos.errors import AtTheUsersLine
+    from topos.base.errors import AtTheUsersLine
 
     text = str(error)
     bare = getattr(error, "bare", "") if isinstance(error, AtTheUsersLine) else ""
@@ -193,8 +193,8 @@ def _bisect(arguments) -> int:
         compiled_text.append(text)
         return text
 
-    from topos.bisect import bisect
-    from topos.errors import ToposError
+    from topos.base.errors import ToposError
+    from topos.views.bisect import bisect
 
     try:
         report = bisect(entry, parameters, feeds, arguments.target, rewrite=rewrite)
@@ -251,7 +251,7 @@ def _load_function(path: Path, function: str):
 
 
 def _call_case(case, path: Path, function: str):
-    from topos.plan import Entry
+    from topos.readings.plan.entry import Entry
 
     try:
         returned = case()

@@ -11,7 +11,7 @@ Why not ``numpy.random``: NumPy may change a Generator's algorithms and
 float conversions between releases, and NumPy's ``log``/``cos``/``sin``
 change bits with SIMD dispatch. So this module uses only integer arithmetic
 on uint32/uint64 arrays, IEEE-exact float operations (+ - * / sqrt,
-comparisons, floor, ``np.where``) and :mod:`topos.refmath` for log, cos, sin
+comparisons, floor, ``np.where``) and :mod:`topos.base.refmath` for log, cos, sin
 and erf.
 
 Algorithm: Philox4x32-10 (Random123; the counter-based generator JAX, cuRAND
@@ -25,7 +25,7 @@ and element k of a draw never depends on n.
 Float conversion: a uniform in [0, 1) takes two words a, b and is
 ``((a >> 5) * 2**26 + (b >> 6)) * 2**-53``, exact in float64. Every result
 is computed in float64 and rounded once to float32 or bfloat16 by
-:func:`topos.refmath.round_once`. (So uniform values lie in [low, high) in
+:func:`topos.base.refmath.round_once`. (So uniform values lie in [low, high) in
 float64 but may round up to ``high`` in a narrower type.)
 
 Normal: Box-Muller on one block per pair: u1 = 1 - (uniform from words 0, 1)
@@ -49,9 +49,9 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
-from topos import refmath
-from topos.element import ELEMENTS, float32
-from topos.errors import ArgumentError, ShapeError
+from topos.base import refmath
+from topos.base.element import ELEMENTS, float32
+from topos.base.errors import ArgumentError, ShapeError
 
 Shape = int | tuple[int, ...]
 

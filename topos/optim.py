@@ -42,11 +42,11 @@ from typing import ClassVar
 import numpy as np
 
 from topos import ArgumentError, DifferentiationError, Eager, FeedError, Gradients, Parameters, SymbolError, Updates
-from topos.arguments import positive_rate, rate_as, real
-from topos.copies import own
-from topos.differentiate import open_pairs
-from topos.element import short_name
-from topos.provenance import user_site
+from topos.base.arguments import positive_rate, rate_as, real
+from topos.base.copies import own
+from topos.base.element import short_name
+from topos.base.provenance import user_site
+from topos.readings.differentiate import open_pairs
 
 
 def _full(scalar, shape):
@@ -252,7 +252,7 @@ class Optimizer:
 
     def _check_names_free(self, tape) -> None:
         """Refuse a second recording of optimizer state under one prefix: the names would clash at sealing."""
-        taken = [name for name in tape._names.values() if name.startswith(f"{self.prefix}.")]
+        taken = [name for name in tape.columns.names.values() if name.startswith(f"{self.prefix}.")]
         if taken:
             raise SymbolError(
                 f"{user_site()}: {type(self).__name__}.record: this recording already holds optimizer state named "

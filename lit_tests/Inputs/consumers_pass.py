@@ -6,8 +6,8 @@ fact a liveness or fusion pass needs. Load it into topos-opt with
 """
 
 from iree.compiler import ir
-from topos.dialect.ops import topos_operations
-from topos.dialect.passes import PassFailure, register_pass
+from topos.dialect.ir.ops import topos_operations
+from topos.dialect.passes.registry import PassFailure, register_pass
 
 
 @register_pass("topos-count-consumers", "Annotate each topos op with topos.consumers = <readers>")

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import topos
-from topos.dialect.context import new_context
-from topos.dialect.emit import emit_module
+from topos.dialect.ir.context import new_context
+from topos.dialect.ir.emit import emit_module
 from topos.dialect.pipeline import to_stablehlo
 
 # ---- arguments of an emitted module ------------------------------------------------------

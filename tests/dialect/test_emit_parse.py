@@ -11,11 +11,12 @@ import topos
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-from topos.dialect import context, emit_module, emit_text, parse_spec  # noqa: E402
-from topos.dialect.diagnostics import DialectError, VerificationError, site_of  # noqa: E402
-from topos.dialect.emit import ancestors  # noqa: E402
-from topos.dialect.ops import topos_operations  # noqa: E402
-from topos.dialect.parse import parse_module  # noqa: E402
+from topos.dialect import emit_module, emit_text, parse_spec  # noqa: E402
+from topos.dialect.ir import context  # noqa: E402
+from topos.dialect.ir.diagnostics import DialectError, VerificationError, site_of  # noqa: E402
+from topos.dialect.ir.emit import ancestors  # noqa: E402
+from topos.dialect.ir.ops import topos_operations  # noqa: E402
+from topos.dialect.ir.parse import parse_module  # noqa: E402
 
 from . import graphs  # noqa: E402
 

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("iree.compiler.ir")
 
-from topos.dialect import emit_text, irdl  # noqa: E402
+from topos.dialect import emit_text
+from topos.dialect.ir import irdl  # noqa: E402
 
 from . import graphs  # noqa: E402
 
@@ -21,13 +22,13 @@ needs_iree_opt = pytest.mark.skipif(not os.path.exists(IREE_OPT), reason="iree-o
 
 def test_committed_irdl_file_is_current():
     with open(irdl.IRDL_PATH, encoding="utf-8") as handle:
-        assert handle.read() == irdl.irdl_text(), "regenerate with: python -m topos.dialect.irdl"
+        assert handle.read() == irdl.irdl_text(), "regenerate with: python -m topos.dialect.ir.irdl"
 
 
 def test_committed_op_reference_in_docs_is_current():
     with open(irdl.DOC_PATH, encoding="utf-8") as handle:
         document = handle.read()
-    assert irdl.document_with_reference(document) == document, "regenerate with: python -m topos.dialect.irdl"
+    assert irdl.document_with_reference(document) == document, "regenerate with: python -m topos.dialect.ir.irdl"
 
 
 def test_irdl_names_every_op_once():

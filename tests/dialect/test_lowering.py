@@ -9,9 +9,9 @@ from iree.compiler import ir
 
 import topos
 from topos import Tape
-from topos.dialect.context import new_context
-from topos.dialect.lowering import LOWERINGS, MAP_LOWERINGS, PASS_NAME, LoweringError
-from topos.dialect.passes import lookup, run_pipeline
+from topos.dialect.ir.context import new_context
+from topos.dialect.passes.lowering import LOWERINGS, MAP_LOWERINGS, PASS_NAME, LoweringError
+from topos.dialect.passes.registry import lookup, run_pipeline
 from topos.dialect.pipeline import lower_in_place, lowering_coverage, to_stablehlo
 
 from ._hlo_eval import CASES, ELEMENT_IDS, ELEMENTS, data, emitted

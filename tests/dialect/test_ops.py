@@ -10,15 +10,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import topos
-from topos.errors import ShapeError
+from topos.base.errors import ShapeError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
 from iree.compiler.dialects import func  # noqa: E402
 
-from topos.dialect import context, ops  # noqa: E402
-from topos.dialect.diagnostics import VerificationError  # noqa: E402
-from topos.opcodes import Spec  # noqa: E402
+from topos.dialect.ir import context, ops  # noqa: E402
+from topos.dialect.ir.diagnostics import VerificationError  # noqa: E402
+from topos.spec.opcodes import Spec  # noqa: E402
 
 
 def test_every_opcode_has_an_op_class_with_a_verifier():
@@ -225,7 +225,7 @@ def test_verification_error_names_the_users_recording_line():
         return tape.input(np.ones((2, 3), np.float32)).sum_along(1)
 
     network, out = topos.Tape.record(model)
-    from topos.dialect.emit import emit_text
+    from topos.dialect.ir.emit import emit_text
 
     text = emit_text(network, [out]).replace("axis = 1 : i64", "axis = 7 : i64")
     with context.new_context():

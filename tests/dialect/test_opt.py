@@ -13,15 +13,10 @@ import topos
 ir = pytest.importorskip("iree.compiler.ir")
 
 from topos.dialect import emit_module, emit_text  # noqa: E402
-from topos.dialect import passes as pass_registry  # noqa: E402
-from topos.dialect.opt import (  # noqa: E402
-    check_expected,
-    expectations,
-    main,
-    malformed_expectations,
-    split_chunks,
-)
-from topos.dialect.passes import (  # noqa: E402
+from topos.dialect.ir.diagnostics import check_expected, expectations, malformed_expectations  # noqa: E402
+from topos.dialect.opt import main, split_chunks  # noqa: E402
+from topos.dialect.passes import registry as pass_registry  # noqa: E402
+from topos.dialect.passes.registry import (  # noqa: E402
     PassFailure,
     parse_options,
     register_pass,
@@ -267,7 +262,7 @@ def test_passes():
 
     @register_pass("test-fail", "Fail at the first topos op")
     def fail(module):
-        from topos.dialect.ops import topos_operations
+        from topos.dialect.ir.ops import topos_operations
 
         raise PassFailure.at(topos_operations(module)[0], "this op is not welcome")
 
@@ -348,7 +343,7 @@ def test_a_bug_of_topos_opt_is_an_internal_error_on_one_line(capsys, valid_file,
 def test_verify_each_catches_a_pass_that_breaks_the_ir(test_passes):
     @register_pass("test-break", "Set an out-of-range axis")
     def breaker(module):
-        from topos.dialect.ops import topos_operations
+        from topos.dialect.ir.ops import topos_operations
 
         for op in topos_operations(module):
             if op.name == "topos.map":

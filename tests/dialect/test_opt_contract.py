@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("iree.compiler.ir")
 
-from topos.dialect import passes as pass_registry  # noqa: E402
 from topos.dialect.opt import EXIT_FAILURE, main  # noqa: E402
+from topos.dialect.passes import registry as pass_registry  # noqa: E402
 
 PARAMETER = '  %0 = "topos.parameter"(%a) {node = 0 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>\n'
 
@@ -36,7 +36,7 @@ MODULES = {  # Python modules the --load-pass-module rows load from the test's f
     "bad_syntax": "def broken(:\n",
     "imports_a_missing_module": "import no_such_dependency\n",
     "registers_a_broken_pass": (
-        "from topos.dialect.passes import register_pass\n\n"
+        "from topos.dialect.passes.registry import register_pass\n\n"
         '@register_pass("test-contract-broken", "Divide by zero")\n'
         "def broken(module):\n"
         "    return 1 / 0\n"

@@ -8,9 +8,9 @@ pytest.importorskip("iree.compiler")
 from iree.compiler import ir  # noqa: E402
 
 from topos import Numerics, Tape  # noqa: E402
-from topos.dialect.context import new_context  # noqa: E402
-from topos.dialect.parse import parse_module  # noqa: E402
-from topos.dialect.passes import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
+from topos.dialect.ir.context import new_context  # noqa: E402
+from topos.dialect.ir.parse import parse_module  # noqa: E402
+from topos.dialect.passes.registry import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
 
 load_pass_modules()
 
@@ -88,7 +88,7 @@ def test_differentiate_pass_appends_the_same_nodes_as_tape_differentiate():
     network, (w, loss) = _mlp()
     context, module = _run(network, f"topos-differentiate{{target={loss.index}}}")
     with context:
-        from topos.dialect.parse import parse_spec
+        from topos.dialect.ir.parse import parse_spec
 
         grown, roots, _ = parse_spec(module)
     tape = network.reopen()

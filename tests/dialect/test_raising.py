@@ -6,10 +6,10 @@ import pytest
 pytest.importorskip("iree.compiler")
 
 from topos import PlanError, Tape  # noqa: E402
-from topos.dialect.context import new_context  # noqa: E402
-from topos.dialect.parse import parse_module  # noqa: E402
-from topos.dialect.passes import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
-from topos.dialect.targets import IMG2COL_FLAGS  # noqa: E402
+from topos.dialect.ir.context import new_context  # noqa: E402
+from topos.dialect.ir.parse import parse_module  # noqa: E402
+from topos.dialect.iree.targets import IMG2COL_FLAGS  # noqa: E402
+from topos.dialect.passes.registry import PassFailure, load_pass_modules, run_pipeline  # noqa: E402
 from topos.nn import functional as F  # noqa: E402
 
 load_pass_modules()

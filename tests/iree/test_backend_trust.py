@@ -31,9 +31,11 @@ import pytest
 
 import topos
 from topos import FeedError, SymbolError, Tape, ToposError
-from topos.dialect import compiled as compiled_module
-from topos.dialect.cache import CompileCache
-from topos.dialect.compiled import CompileError, ResidentParameters, TargetError
+from topos.dialect.iree import compile as compile_module
+from topos.dialect.iree.cache import CompileCache
+from topos.dialect.iree.compile import CompileError
+from topos.dialect.iree.compiled import ResidentParameters
+from topos.dialect.iree.targets import TargetError
 
 from iree_support import batch_feeds, compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
@@ -63,8 +65,8 @@ _CPU_SCRIPT = """
     import json
     import numpy as np
     from topos import Tape, ToposError
-    from topos.dialect import compiled
-    from topos.dialect.targets import flags_for, target
+    from topos.dialect.iree import compile as compile_module
+    from topos.dialect.iree.targets import flags_for, target
 
     network, out = Tape.record(lambda tape: (tape.input(np.ones((2, 3), np.float32)) * 2.0).sum())
     plan = network.entry([out]).lower()
@@ -80,7 +82,7 @@ _CPU_SCRIPT = """
     flags = tuple(f for f in flags if not f.startswith("--iree-llvmcpu-target-cpu=")) + (
         "--iree-llvmcpu-target-cpu=native",)
     try:
-        compiled._compile_in_child(plan.emit_stablehlo(), flags)
+        compile_module._compile_in_child(plan.emit_stablehlo(), flags)
         results["child"] = ["compiled", ""]
     except ToposError as error:
         results["child"] = [type(error).__name__, str(error)]
@@ -104,7 +106,7 @@ def test_cpu_native_leaves_the_interpreter_alive_with_a_target_error(cpu_results
 
 
 def test_an_unknown_cpu_is_refused_before_llvm_with_the_names_it_accepts(cpu_results):
-    from topos.dialect.targets import llvm_cpus
+    from topos.dialect.iree.targets import llvm_cpus
 
     architecture, names = llvm_cpus()
     for cpu in ("'x86_64'", "'skylak'", "'cortex-a5x'", "''", "3"):
@@ -129,7 +131,7 @@ def test_a_compile_that_ends_its_process_becomes_a_compile_error(cpu_results):
 @functools.cache
 def _baseline_cpu() -> str | None:
     """A CPU name other than host/generic whose code runs on every machine of this architecture."""
-    from topos.dialect.targets import llvm_cpus
+    from topos.dialect.iree.targets import llvm_cpus
 
     architecture, names = llvm_cpus()
     cpu = {"x86_64": "x86-64", "aarch64": "cortex-a53"}.get(architecture)
@@ -144,7 +146,7 @@ def test_a_named_cpu_compiles_in_a_child_process_and_runs(monkeypatch, tmp_path)
     def tripwire(*_):
         raise AssertionError("a compile with a named cpu ran in this process")
 
-    monkeypatch.setattr(compiled_module, "compile_stablehlo", tripwire)
+    monkeypatch.setattr(compile_module, "compile_stablehlo", tripwire)
     network, out = Tape.record(lambda tape: (tape.input(np.ones((2, 3), np.float32)) * 2.0).sum())
     store = CompileCache(tmp_path)
     built = network.entry([out]).lower().compile("llvm-cpu", cpu=cpu, cache=store)
@@ -168,13 +170,13 @@ def test_a_module_for_a_cpu_this_machine_lacks_is_refused_instead_of_killing_the
 
     A frozen module's trial serves its globals (zeros of each one's size) as the parameters would be.
     """
-    from topos.dialect.targets import llvm_cpus
+    from topos.dialect.iree.targets import llvm_cpus
 
     if llvm_cpus()[0] != "x86_64" or _host_has("avx512f"):
         pytest.skip("needs an x86-64 machine without AVX-512")
     done = _python(f"""
         from iree_support import mlp_step
-        from topos.dialect.compiled import TargetError
+        from topos.dialect.iree.targets import TargetError
         step = mlp_step(batch=64, sizes=(64, 256, 16))
         table = step.network.parameters()
         compiled = step.entry().lower().compile("llvm-cpu", cpu="x86-64-v4", cache=False,

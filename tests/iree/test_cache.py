@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from topos import Tape, ToposError
-from topos.dialect import compiled as compiled_module
-from topos.dialect.cache import CacheError, CompileCache, default_directory, key, plan_key
-from topos.dialect.compiled import CompileError, compiler_version, toolchain_version
+from topos.dialect.iree import compile as compile_module
+from topos.dialect.iree.cache import CacheError, CompileCache, default_directory, key, plan_key
+from topos.dialect.iree.compile import CompileError, compiler_version, toolchain_version
 
 from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
@@ -150,7 +150,7 @@ def test_concurrent_processes_compiling_one_module_both_succeed_and_leave_one_va
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from test_cache import _plan
-        from topos.dialect.cache import CompileCache
+        from topos.dialect.iree.cache import CompileCache
         network, out, plan = _plan()
         compiled = plan.compile("llvm-cpu", cache=CompileCache(sys.argv[1]))
         print(float(compiled.forward(network.parameters())[out]), compiled.cache_hit)
@@ -238,7 +238,7 @@ def test_a_module_the_device_refuses_after_a_rebuild_is_a_compile_error_not_a_lo
     network, _, plan = _plan()
     stale = plan.compile("llvm-cpu", cache=cache)
     rebuilds = []
-    monkeypatch.setattr(compiled_module, "_compile", lambda *_: rebuilds.append(1) or vulkan_module)
+    monkeypatch.setattr(compile_module, "compile_module", lambda *_: rebuilds.append(1) or vulkan_module)
     with pytest.raises(CompileError, match="cannot load the module it just compiled"):
         stale.forward(network.parameters())
     assert len(rebuilds) == 1
@@ -256,7 +256,7 @@ def test_a_cache_location_that_cannot_hold_files_is_a_cache_error_before_compili
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
     directory = blocker if where == "a regular file" else blocker / "cache"
-    monkeypatch.setattr(compiled_module, "compile_stablehlo", _tripwire)
+    monkeypatch.setattr(compile_module, "compile_stablehlo", _tripwire)
     _, _, plan = _plan()
     for cache in (CompileCache(directory), str(directory)):
         with pytest.raises(CacheError) as failure:
@@ -275,7 +275,7 @@ def test_an_unwritable_cache_directory_is_a_cache_error(tmp_path, monkeypatch):
     directory = tmp_path / "read-only"
     directory.mkdir()
     directory.chmod(0o500)
-    monkeypatch.setattr(compiled_module, "compile_stablehlo", _tripwire)
+    monkeypatch.setattr(compile_module, "compile_stablehlo", _tripwire)
     try:
         with pytest.raises(CacheError, match="does not take new files"):
             _plan()[2].compile("llvm-cpu", cache=CompileCache(directory))
@@ -304,9 +304,10 @@ def test_a_hit_is_found_before_any_lowering_runs_and_still_shows_its_stablehlo(t
     text = first.stablehlo
     again = network.entry([out]).lower()
     lowered = []
-    original = type(again)._stablehlo_with_timings
-    monkeypatch.setattr(type(again), "_stablehlo_with_timings",
-                        lambda self, *kinds: lowered.append(1) or original(self, *kinds))
+    import topos.dialect.pipeline as pipeline
+
+    original = pipeline.stablehlo
+    monkeypatch.setattr(pipeline, "stablehlo", lambda plan, **options: lowered.append(1) or original(plan, **options))
     hit = again.compile("llvm-cpu", cache=cache)
     assert hit.cache_hit and lowered == [] and hit.vmfb == first.vmfb
     assert set(hit.timings) == {"cache-hit", "total"}
@@ -330,7 +331,7 @@ def test_the_plan_digest_follows_what_is_emitted_not_names_or_sites():
 
 
 def test_a_change_to_topos_itself_changes_every_key(monkeypatch):
-    from topos.dialect import cache as cache_module
+    from topos.dialect.iree import cache as cache_module
 
     _, _, plan = _plan()
     before = plan_key(plan, "llvm-cpu", (), "iree 1")

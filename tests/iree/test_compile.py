@@ -14,16 +14,13 @@ import pytest
 
 import topos
 from topos import FeedError, SymbolError, Tape, ToposError
-from topos.dialect import conformance
-from topos.dialect.cache import plan_key
-from topos.dialect.compiled import (
-    CompiledRun,
-    DeviceMemoryError,
-    ResidentParameters,
-    TargetError,
-    device_for,
-    toolchain_version,
-)
+from topos.dialect.iree import conformance
+from topos.dialect.iree.cache import plan_key
+from topos.dialect.iree.calling import DeviceMemoryError
+from topos.dialect.iree.compile import toolchain_version
+from topos.dialect.iree.compiled import CompiledRun, ResidentParameters
+from topos.dialect.iree.devices import device_for
+from topos.dialect.iree.targets import TargetError
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
@@ -233,7 +230,7 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
         resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
         import numpy as np
         from topos import Tape
-        from topos.dialect.compiled import DeviceMemoryError
+        from topos.dialect.iree.calling import DeviceMemoryError
         network, big = Tape.record(lambda tape: tape.input(np.ones((1,), np.float32)).broadcast((1 << 36,)))
         compiled = network.entry([big]).lower().compile("llvm-cpu")
         try:
@@ -252,9 +249,14 @@ def test_device_out_of_memory_raises_a_device_memory_error(compile_cache):  # no
 
 
 def test_data_tiling_follows_the_size_of_the_largest_matmul(monkeypatch):
-    from topos.dialect import targets
-    from topos.dialect.compiled import largest_matmul, module_flags
-    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, SHARED_DATA_TILING_THRESHOLD, target
+    from topos.dialect.iree import targets
+    from topos.dialect.iree.compile import largest_matmul, module_flags
+    from topos.dialect.iree.targets import (
+        DATA_TILING_FLAGS,
+        DATA_TILING_THRESHOLD,
+        SHARED_DATA_TILING_THRESHOLD,
+        target,
+    )
 
     def plan_of(m, k, n):
         def model(tape):
@@ -292,7 +294,7 @@ def test_data_tiling_follows_the_size_of_the_largest_matmul(monkeypatch):
 
 
 def test_the_narrow_vector_rule_reads_the_hosts_features(monkeypatch):
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     for isa, narrow in (("x86_64 avx avx2 fma sse2", True), ("x86_64 avx2 avx512bw avx512f fma", False),
                         ("aarch64 asimd fp sve", False), ("x86_64 i386", False)):  # the last: features unread
@@ -320,8 +322,8 @@ def test_a_tiled_product_returned_beside_its_gelu_compiles():
 
 def test_a_narrow_product_does_not_turn_data_tiling_on_unless_the_weights_are_frozen():
     """One row (a decode step) packs as much weight per call as it multiplies; frozen weights are packed at load."""
-    from topos.dialect.compiled import largest_matmul, module_flags
-    from topos.dialect.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, TILED_MIN_ROWS, target
+    from topos.dialect.iree.compile import largest_matmul, module_flags
+    from topos.dialect.iree.targets import DATA_TILING_FLAGS, DATA_TILING_THRESHOLD, TILED_MIN_ROWS, target
 
     def plan_of(m, k, n, left_weight=False):
         def model(tape):
@@ -349,8 +351,8 @@ def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_t
     On local-task only a product of LARGE_TILES_FROM multiply-adds gets the large workgroups."""
     from iree.compiler.api import Session
 
-    from topos.dialect.compiled import largest_matmul, module_flags
-    from topos.dialect.targets import (
+    from topos.dialect.iree.compile import largest_matmul, module_flags
+    from topos.dialect.iree.targets import (
         LARGE_TILE_FLAGS,
         LARGE_TILES_FROM,
         PROCESS_WIDE_OPTIONS,
@@ -386,8 +388,8 @@ def test_a_tiled_module_for_one_thread_gets_large_workgroups_and_compiles_with_t
 
 def test_one_thread_compiles_undistributed_below_the_largest_product_limit(tmp_path):
     """local-sync modules are one workgroup per dispatch unless a product is large; local-task and exports never."""
-    from topos.dialect.compiled import largest_matmul, module_flags
-    from topos.dialect.targets import SINGLE_THREAD_FLAGS, UNDISTRIBUTED_BELOW, target
+    from topos.dialect.iree.compile import largest_matmul, module_flags
+    from topos.dialect.iree.targets import SINGLE_THREAD_FLAGS, UNDISTRIBUTED_BELOW, target
 
     def model(tape):
         a = tape.input(np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64))
@@ -419,8 +421,8 @@ def _square_product(side: int):
 
 
 def test_the_tool_path_names_the_users_line_when_iree_refuses():
-    from topos.dialect.compiled import CompileError, compile_stablehlo
-    from topos.dialect.targets import LARGE_TILE_FLAGS, flags_for, target
+    from topos.dialect.iree.compile import CompileError, compile_stablehlo
+    from topos.dialect.iree.targets import LARGE_TILE_FLAGS, flags_for, target
 
     text = ('func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n'
             '  %0 = "stablehlo.add"(%a, %a) : (tensor<2xf32>, tensor<2xf32>) -> tensor<3xf32> loc("model.py":7:0)\n'
@@ -433,8 +435,8 @@ def test_the_tool_path_names_the_users_line_when_iree_refuses():
 
 def test_img2col_follows_a_stablehlo_convolution_in_the_text_only():
     """topos spells its convolutions as columns, so no plan of its own gets IREE's img2col; named text does."""
-    from topos.dialect.compiled import module_flags
-    from topos.dialect.targets import IMG2COL_FLAGS, target
+    from topos.dialect.iree.compile import module_flags
+    from topos.dialect.iree.targets import IMG2COL_FLAGS, target
     from topos.nn import functional as F
 
     def model(tape):
@@ -457,7 +459,7 @@ def test_img2col_follows_a_stablehlo_convolution_in_the_text_only():
 
 
 def test_an_iree_diagnostic_names_the_node_and_the_recording_line():
-    from topos.dialect.compiled import CompileError
+    from topos.dialect.iree.compile import CompileError
 
     def model(tape):
         x = tape.input(np.array([[1.0, 2.0]], np.float32))
@@ -549,7 +551,7 @@ def test_out_of_memory_hands_the_kept_buffers_back_and_tries_once_more(monkeypat
 
 
 def test_a_module_the_runtime_will_not_load_for_its_binding_count_says_what_to_do():
-    from topos.dialect.compiled import _load_hint
+    from topos.dialect.iree.compiled import _load_hint
 
     refusal = RuntimeError("Error registering modules: module.c:1106: OUT_OF_RANGE; "
                            "binding count 41 > 32")

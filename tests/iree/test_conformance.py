@@ -1,10 +1,10 @@
 """Every opcode, forward and recorded gradient, compiled by IREE for llvm-cpu and graded against the oracle.
 
-Each family of ``topos.dialect.conformance_cases.FAMILIES`` is one module per
+Each family of ``topos.dialect.iree.conformance_cases.FAMILIES`` is one module per
 element type: every case's output, a loss over the differentiable ones,
 and its recorded gradients, with every node observed. Each compiled node
 is graded against the oracle kernel on the operands it was given (its
-local error) within ``topos.dialect.conformance.TABLE``; nodes whose operands are all
+local error) within ``topos.dialect.iree.conformance.TABLE``; nodes whose operands are all
 sources are also compared with ``network.forward`` directly, and the loss
 and gradients end to end. Known departures (``DIVERGENCES``)
 are split out: each is shown to still occur, and its nodes are asserted
@@ -21,8 +21,9 @@ import pytest
 
 import topos
 from topos import MAP_FUNCTIONS, OPCODES
-from topos.dialect import conformance_cases
-from topos.dialect.conformance import (
+from topos.base.element import short_name
+from topos.dialect.iree import conformance_cases
+from topos.dialect.iree.conformance import (
     BIT_EXACT,
     END_TO_END_ULPS,
     FLUSHES_SUBNORMALS,
@@ -34,8 +35,7 @@ from topos.dialect.conformance import (
     is_bit_exact,
     table_key,
 )
-from topos.dialect.conformance_cases import DIVERGENCES, FAMILIES, divergence_of
-from topos.element import short_name
+from topos.dialect.iree.conformance_cases import DIVERGENCES, FAMILIES, divergence_of
 
 from iree_support import ELEMENT_PARAMETERS, HAS_LINKER, compile_cache  # noqa: F401  (autouse fixture)
 
@@ -200,7 +200,7 @@ def test_llvm_cpu_fuses_a_product_into_the_following_subtraction():
     fused = []
     for report in result.reports:
         node = network.nodes()[report.index]
-        if report.key != "sub" or not any(network._opcodes[s.index].name == "mul" for s in node.operands):
+        if report.key != "sub" or not any(network.columns.opcodes[s.index].name == "mul" for s in node.operands):
             continue
         left, right = (np.asarray(result.values.get(s.index, result.oracle[s])) for s in node.operands)
         separate = (left.astype(np.float32) - right).astype(np.float32)

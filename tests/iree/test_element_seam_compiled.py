@@ -4,10 +4,10 @@ The two elements are the ones ``tests/test_element_seam.py`` registers
 (its ``registered`` fixture, imported here, registers them for this
 module and takes them back out afterwards). On llvm-cpu every node of the
 every-opcode recording (forward and recorded gradients) is graded by its
-local error against the oracle (``topos.dialect.conformance``), where a
+local error against the oracle (``topos.dialect.iree.conformance``), where a
 registered narrow element reads ``narrow_envelope``: bit-exact where
 float32 is, otherwise one rounding of the element. The targets that
-refuse an element (``topos.dialect.targets.Target.refuses``) are named
+refuse an element (``topos.dialect.iree.targets.Target.refuses``) are named
 with it. The every-opcode compile and the full conformance families run
 under ``-m slow``; by default float8's every product, sum and quotient
 and its constant subgraphs are compiled and checked.
@@ -21,11 +21,11 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.dialect import conformance, conformance_cases
-from topos.dialect.compiled import CompileError
-from topos.dialect.parse import parse_spec
-from topos.dialect.targets import TARGETS, TargetError, check_elements, flags_for, target
-from topos.element import element_of
+from topos.base.element import element_of
+from topos.dialect.ir.parse import parse_spec
+from topos.dialect.iree import conformance, conformance_cases
+from topos.dialect.iree.compile import CompileError
+from topos.dialect.iree.targets import TARGETS, TargetError, check_elements, flags_for, target
 
 import test_element_seam as seam
 from iree_support import compile_cache  # noqa: F401  (autouse fixture)
@@ -156,7 +156,7 @@ def test_bfloat16_is_refused_on_vulkan_through_the_same_table():
 
 
 def test_iree_itself_refuses_float8_for_cuda(registered):
-    # plan.compile reaches flags_for without the module's elements today (dialect/compiled.py
+    # plan.compile reaches flags_for without the module's elements today (dialect/iree/compiled.py
     # passes only uses_f64 and uses_bf16), so this is IREE's CompileError; once it passes
     # elements=, the TargetError above comes first. Either names the failing node.
     def model(tape):

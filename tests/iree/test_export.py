@@ -21,8 +21,8 @@ import pytest
 
 import topos
 from topos import FeedError, Tape
-from topos.dialect.export import ExportError
-from topos.dialect.targets import TargetError
+from topos.dialect.iree.export import ExportError
+from topos.dialect.iree.targets import TargetError
 
 from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: F401  (autouse fixture)
 
@@ -386,7 +386,7 @@ def test_topos_export_names_no_place_outside_the_case_file(tmp_path):
 
 
 def test_topos_export_speaks_of_its_own_cpu_default(tmp_path):
-    from topos.dialect.targets import llvm_cpus
+    from topos.dialect.iree.targets import llvm_cpus
 
     if llvm_cpus() is None:
         pytest.skip("this IREE does not list its LLVM CPUs, so no cpu is refused before compiling")

@@ -9,9 +9,9 @@ import pytest
 
 import topos
 from topos import FeedError, SymbolError, Tape
-from topos.dialect.cache import CompileCache
-from topos.dialect.compiled import lowered
-from topos.dialect.freeze import freeze_parameters
+from topos.dialect.iree.cache import CompileCache
+from topos.dialect.passes.freeze import freeze_parameters
+from topos.dialect.pipeline import stablehlo
 
 from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: F401  (fixture)
 from test_export import run_check
@@ -56,7 +56,7 @@ def test_a_frozen_module_takes_only_inputs_and_gives_the_argument_modules_bits(d
 def test_the_frozen_stablehlo_serves_each_parameter_by_name_and_keeps_its_recording_line():
     network, x, logits, _ = _classifier()
     plan = network.entry([logits]).lower()
-    text, located, _ = lowered(plan, True)
+    text, located, _ = stablehlo(plan, frozen=True)
     for name, shape in (("fc1.weight", "6x8"), ("fc1.bias", "8"), ("fc2.weight", "8x3")):
         assert f'#flow.parameter.named<"topos"::"{name}"> : tensor<{shape}xf32>' in text
     assert "util.global.load immutable" in text
@@ -78,12 +78,12 @@ def test_a_name_iree_cannot_print_as_a_key_is_served_under_its_node_number():
 
     network, out = Tape.record(record)
     plan = network.entry([out]).lower()
-    text, _, _ = lowered(plan, True)
+    text, _, _ = stablehlo(plan, frozen=True)
     assert '"topos"::"%0"' in text and '"topos"::"%1"' in text and '"topos"::"gewicht.ä"' in text
     np.testing.assert_array_equal(plan.compile("llvm-cpu", frozen=network.parameters()).forward()[out],
                                   np.full(3, 11.0, np.float32))
     with pytest.raises(ValueError, match="quote or a backslash"):
-        freeze_parameters(lowered(plan, False)[1], ['say"hi"', "b", "c"])
+        freeze_parameters(stablehlo(plan).located, ['say"hi"', "b", "c"])
 
 
 def test_changing_the_array_a_table_was_made_from_does_not_reach_a_frozen_module():
@@ -151,9 +151,11 @@ def test_a_frozen_module_refuses_parameters_and_training_with_what_to_do():
 def test_a_wrong_table_for_frozen_is_refused_before_iree(monkeypatch):
     network, _, logits, _ = _classifier()
     other, *_ = _classifier()
-    import topos.dialect.compiled as compiled
+    import topos.dialect.iree.compile as compile_module
+    import topos.dialect.iree.compiled as compiled
 
-    monkeypatch.setattr(compiled, "_compile", lambda *a: pytest.fail("IREE was reached"))
+    for module in (compile_module, compiled):  # where it lives, and where compile_plan looks it up
+        monkeypatch.setattr(module, "compile_module", lambda *a: pytest.fail("IREE was reached"))
     plan = network.entry([logits]).lower()
     with pytest.raises(SymbolError, match="another network family"):
         plan.compile("llvm-cpu", cache=False, frozen=other.parameters())
@@ -173,9 +175,11 @@ def test_frozen_takes_a_table_in_export_as_in_compile_and_true_only_in_export(tm
         plan.export(tmp_path / "two", frozen=trained, parameters=network.parameters(), feeds=_feeds(x))
     with pytest.raises(topos.ToposError, match="pass True, False or the Parameters table"):
         plan.export(tmp_path / "odd", frozen="yes", feeds=_feeds(x))
-    import topos.dialect.compiled as compiled
+    import topos.dialect.iree.compile as compile_module
+    import topos.dialect.iree.compiled as compiled
 
-    monkeypatch.setattr(compiled, "_compile", lambda *a: pytest.fail("IREE was reached"))
+    for module in (compile_module, compiled):  # where it lives, and where compile_plan looks it up
+        monkeypatch.setattr(module, "compile_module", lambda *a: pytest.fail("IREE was reached"))
     with pytest.raises(FeedError, match=r"compile\(frozen=True\): frozen takes the Parameters table"):
         plan.compile("llvm-cpu", cache=False, frozen=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["by-table"]
@@ -196,7 +200,7 @@ def test_a_frozen_export_runs_with_its_parameter_archive_and_no_topos(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[SUCCESS] all function outputs matched" in done.stdout
     # The archive holds the values: another table's archive makes the same module miss the oracle.
-    from topos.dialect.export import _write_archive
+    from topos.dialect.iree.export import _write_archive
 
     doubled = table * 2.0
     _write_archive(folder / "parameters.irpa", {n: np.asarray(doubled[n]) for n in table.names()})

@@ -1,7 +1,7 @@
 """The low-level invoke path (``VmContext.invoke``, no ``FunctionInvoker``): iree.runtime's bits, topos's errors.
 
 Every run of a compiled plan pushes its arguments itself and wraps results
-only when read (``dialect/compiled.py``, ``_Invoker``). These tests run the
+only when read (``dialect/iree/calling.py``, ``Invoker``). These tests run the
 same module through iree.runtime's ``FunctionInvoker`` on the arguments
 topos bound before (``bind_feeds``, one DeviceArray per resident
 parameter), the path every run took until the invoke path replaced it,
@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import topos
-import topos.dialect.compiled as compiled_module
+import topos.dialect.iree.compiled as compiled_module
+import topos.dialect.iree.results as results_module
 import topos.nn.functional as F
 from topos import FeedError, SymbolError, Tape, nn, optim
-from topos.element import convert
-from topos.interpret import bind_feeds, source_value
+from topos.base.element import convert
+from topos.readings.interpret import bind_feeds, source_value
 
 from iree_support import ELEMENT_PARAMETERS, batch_feeds, compile_cache, mlp_step  # noqa: F401  (fixture)
 
@@ -368,8 +369,8 @@ def test_a_dropped_plan_leaves_no_reference_cycle_holding_its_module(frozen):
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
-    ours = {"CompiledPlan", "_Invoker", "_Invoker.calling.<locals>.call", "ResidentParameters", "CompiledRun",
-            "_Results", rt.VmContext.__name__, "SystemContext", "BoundModule", "FunctionInvoker"}
+    ours = {"CompiledPlan", "Invoker", "Invoker.calling.<locals>.call", "ResidentParameters", "CompiledRun",
+            "Results", rt.VmContext.__name__, "SystemContext", "BoundModule", "FunctionInvoker"}
     assert not kinds & ours, sorted(kinds & ours)
 
 
@@ -402,7 +403,7 @@ def test_results_held_as_the_interpreter_exits_leave_it_cleanly(tmp_path, held):
     """A call's results are freed before the VmContext that made them, even in the interpreter's last collection.
 
     The other way round IREE crashed the process on its way out (make demo
-    did, with a step's state and run at module level): every _Results and
+    did, with a step's state and run at module level): every Results and
     every DeviceArray made of one holds its context.
     """
     import subprocess
@@ -427,7 +428,7 @@ def test_a_result_read_in_later_runs_is_copied_straight_from_its_mapped_buffer(m
     new = step.updates.pairs()[0][1]
     run[step.loss], run[new]  # the first reads: through a DeviceArray, as before
     assert len(compiled._mapped_reads) == 2
-    monkeypatch.setattr(compiled_module, "_host_view", lambda *_: pytest.fail("read through a DeviceArray"))
+    monkeypatch.setattr(results_module, "_host_view", lambda *_: pytest.fail("read through a DeviceArray"))
     for k in range(1, 3):
         feeds = batch_feeds(step, k)
         state, run = compiled.step(state, feeds, step.updates)
@@ -439,7 +440,7 @@ def test_a_result_read_in_later_runs_is_copied_straight_from_its_mapped_buffer(m
         kept = updated.copy()
         compiled.step(state, feeds, step.updates)  # another call, whose buffers may reuse freed ones
         _same_bits(updated, kept, "a read array is the caller's own copy")
-        updated.setflags(write=True)  # read-only is advice (topos.copies): writing it changes nothing of ours
+        updated.setflags(write=True)  # read-only is advice (topos.base.copies): writing it changes nothing of ours
         updated[...] = 7.0
         _same_bits(run[new], before.read(outputs, new), f"{new!r} read again at step {k}")
 

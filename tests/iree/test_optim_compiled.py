@@ -8,7 +8,7 @@ import pytest
 import topos
 import topos.nn.functional as F
 from topos import Tape, checkpoint, nn, optim
-from topos.dialect import conformance
+from topos.dialect.iree import conformance
 
 from iree_support import compile_cache  # noqa: F401  (fixture)
 

@@ -9,7 +9,7 @@ pinned here by their StableHLO op counts and IREE dispatch counts for the
 benchmark's conv net and a LeNet-like net, and compiled and graded: each
 raised group's root against the group's EXACT walk on the very operand
 values the compiled step produced (its local error, the way
-``topos.dialect.conformance`` judges a node), and every gradient end to
+``topos.dialect.iree.conformance`` judges a node), and every gradient end to
 end against ``network.forward``.
 """
 
@@ -27,12 +27,14 @@ pytest.importorskip("iree.compiler")
 
 import topos  # noqa: E402
 from topos import Numerics  # noqa: E402
-from topos.dialect import conformance  # noqa: E402
-from topos.dialect.passes import load_pass_modules  # noqa: E402
-from topos.dialect.plan_passes import RAISABLE  # noqa: E402
-from topos.plan import elect  # noqa: E402
-from topos.plan.patterns import pattern  # noqa: E402
-from topos.plan.plan import Kernels  # noqa: E402
+from topos.dialect.iree import conformance  # noqa: E402
+from topos.dialect.passes.raising import RAISABLE  # noqa: E402
+from topos.dialect.passes.registry import load_pass_modules  # noqa: E402
+from topos.readings.plan.patterns import (
+    elect,  # noqa: E402
+    pattern,  # noqa: E402
+)
+from topos.readings.plan.plan import Kernels  # noqa: E402
 
 from iree_support import ELEMENT_PARAMETERS, compile_cache  # noqa: E402, F401  (fixture)
 
@@ -107,8 +109,8 @@ def test_training_steps_compile_to_the_pinned_dispatch_counts(model):
     """The kernel count per model: the default (columns) dispatches fewer kernels than the composition."""
     from iree.compiler import compile_str
 
-    from topos.dialect.compiled import module_flags
-    from topos.dialect.targets import target
+    from topos.dialect.iree.compile import module_flags
+    from topos.dialect.iree.targets import target
 
     network, roots = _models_under_test()[model]
     plan = network.entry(roots).lower()
@@ -159,8 +161,8 @@ def _compiled(plan, kinds, convolution="columns"):
 def _group_inputs(network, group) -> set[int]:
     """Computed nodes a group's executor reads: operands outside the group and what it recomputes from."""
     inside = set(group.nodes) | set(group.recomputes)
-    reads = {j for n in inside for j in network._operands[n]} - inside
-    return {j for j in reads if not network._opcodes[j].is_source}
+    reads = {j for n in inside for j in network.columns.operands[n]} - inside
+    return {j for j in reads if not network.columns.opcodes[j].is_source}
 
 
 def _grade(network, roots, dtype, kinds=RAISABLE, convolution="columns"):

@@ -24,9 +24,9 @@ import pytest
 
 import topos
 from topos import Tape
-from topos.dialect import conformance, conformance_cases
-from topos.dialect.compiled import TargetError, to_host
-from topos.dialect.targets import NARROW_SELECTIONS, TARGETS
+from topos.dialect.iree import conformance, conformance_cases
+from topos.dialect.iree.results import to_host
+from topos.dialect.iree.targets import NARROW_SELECTIONS, TARGETS, TargetError
 
 from iree_support import compile_cache, mlp_step  # noqa: F401  (autouse fixture)
 
@@ -119,7 +119,7 @@ def _embedded_layer_norm_step():
 
 def test_a_recorded_run_of_positions_compiles_for_metal():
     # IREE fused the recorded index vector into the LayerNorm's row sum and could not place it in
-    # metal's workgroup memory; a run is lowered as a slice (dialect/lowering.py, _gather).
+    # metal's workgroup memory; a run is lowered as a slice (dialect/passes/lowering.py, _gather).
     plan = _embedded_layer_norm_step()
     assert plan.emit_stablehlo().count('"stablehlo.gather"') == 1  # the tokens' gather only
     assert len(plan.compile("metal", cache=False).vmfb) > 1000
@@ -138,7 +138,7 @@ def _implicit_index_vectors(text: str) -> str:
 def test_a_recorded_index_vector_gathered_with_its_index_axis_compiles_for_metal(monkeypatch):
     # The run gathered rather than sliced: with the index vector an explicit axis, as topos spells it, metal
     # compiles what it refuses with the vector implicit (the test below).
-    from topos.dialect import lowering
+    from topos.dialect.passes import lowering
 
     monkeypatch.setattr(lowering, "_recorded_run", lambda selection: (None, 0))
     plan = _embedded_layer_norm_step()
@@ -148,8 +148,8 @@ def test_a_recorded_index_vector_gathered_with_its_index_axis_compiles_for_metal
 
 def test_iree_3_13_does_not_compile_a_recorded_index_vector_fused_into_a_sum_for_metal(monkeypatch):
     # When this starts to pass, IREE is fixed; the slice stays, as it is the same copy and cheaper.
-    from topos.dialect import lowering
-    from topos.dialect.compiled import CompileError
+    from topos.dialect.iree.compile import CompileError
+    from topos.dialect.passes import lowering
 
     monkeypatch.setattr(lowering, "_recorded_run", lambda selection: (None, 0))  # the run gathered, as before
     plan = _embedded_layer_norm_step()
@@ -170,8 +170,8 @@ func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 
 def test_iree_3_13_does_not_compile_a_bfloat16_constant_for_metal():
-    # The IREE bug topos.dialect.fences.fence_narrow_constants steps around.
-    from topos.dialect.compiled import CompileError, compile_stablehlo
+    # The IREE bug topos.dialect.passes.fences.fence_narrow_constants steps around.
+    from topos.dialect.iree.compile import CompileError, compile_stablehlo
 
     with pytest.raises(CompileError, match="'spirv.Bitcast' op mismatch in result type bitwidth 16"):
         compile_stablehlo(NARROW_CONSTANT_WIDENED, TARGETS["metal"].flags)
@@ -210,9 +210,9 @@ func.func @main(%x: tensor<64x128xf32>) -> tensor<64xf32> {
 
 @pytest.mark.parametrize("name", ["cuda", "rocm", "metal"])
 def test_iree_3_13_does_not_compile_a_sum_of_a_negation_for_the_gpu_targets(name):
-    # The IREE bug dialect/lowering.py's _total steps around: IREE folds the negation into the
+    # The IREE bug dialect/passes/lowering.py's _total steps around: IREE folds the negation into the
     # reduction (`out - in`) and finds no identity for it. When this starts to pass, IREE is fixed.
-    from topos.dialect.compiled import CompileError, compile_stablehlo
+    from topos.dialect.iree.compile import CompileError, compile_stablehlo
 
     with pytest.raises(CompileError, match="identity value for the reduction"):
         compile_stablehlo(NEGATED_SUM, TARGETS[name].flags)
@@ -274,7 +274,7 @@ def test_vulkan_without_a_device_raises_a_target_error_in_a_fresh_process(compil
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from iree_support import mlp_step
-        from topos.dialect.compiled import TargetError
+        from topos.dialect.iree.targets import TargetError
         step = mlp_step()
         compiled = step.entry().lower().compile("vulkan")
         try:
@@ -368,11 +368,13 @@ def _echo():
 
 @pytest.fixture
 def staged_vulkan(lavapipe, monkeypatch):
-    """cuda's staged transfers (compiled.STAGED_DRIVERS) on lavapipe, where they run here (slower than
+    """cuda's staged transfers (devices.STAGED_DRIVERS) on lavapipe, where they run here (slower than
     IREE's packer there, so vulkan is not staged by default)."""
-    from topos.dialect import compiled
+    from topos.dialect.iree import calling, devices, results
 
-    monkeypatch.setattr(compiled, "STAGED_DRIVERS", compiled.STAGED_DRIVERS | {"vulkan"})
+    staged = devices.STAGED_DRIVERS | {"vulkan"}
+    for module in (devices, calling, results):  # where it lives, and where feeds and reads look it up
+        monkeypatch.setattr(module, "STAGED_DRIVERS", staged)
 
 
 def test_a_staged_driver_stages_each_feed_into_a_fresh_device_buffer(staged_vulkan):
@@ -390,7 +392,7 @@ def test_a_staged_driver_stages_each_feed_into_a_fresh_device_buffer(staged_vulk
 
 
 def test_only_the_staged_drivers_stage(lavapipe):
-    from topos.dialect.compiled import STAGED_DRIVERS
+    from topos.dialect.iree.devices import STAGED_DRIVERS
 
     assert STAGED_DRIVERS == {"cuda"}
     network, x, square = _echo()
@@ -403,7 +405,7 @@ def test_only_the_staged_drivers_stage(lavapipe):
 def test_a_staged_driver_reads_small_results_through_a_kept_staging_buffer_from_many_threads(staged_vulkan):
     from concurrent.futures import ThreadPoolExecutor
 
-    from topos.dialect import compiled as module
+    from topos.dialect.iree import results as module
 
     network, x, square = _echo()
     compiled = network.entry([x, square]).lower().compile("vulkan", cache=False)
@@ -509,7 +511,7 @@ def test_vulkan_conformance_family_on_lavapipe(lavapipe, name):
 def test_vulkan_runs_the_index_family_on_lavapipe(lavapipe):
     # Its selections recorded as leaves are i64 constants, which IREE's SPIR-V path could not
     # legalize ('unresolved target materialization from i64 to vector<2xi32>') before vulkan
-    # modules were narrowed to i32 (topos.dialect.narrow).
+    # modules were narrowed to i32 (topos.dialect.passes.narrow).
     _vulkan_family("index")
 
 
@@ -555,7 +557,7 @@ def test_vulkan_narrows_selections_at_mains_edge():
 
 def test_without_the_narrowing_vulkan_does_not_compile_the_embedding_step():
     # The IREE limit the narrowing steps around: when this starts to pass, vulkan could keep i64.
-    from topos.dialect.compiled import CompileError, compile_stablehlo
+    from topos.dialect.iree.compile import CompileError, compile_stablehlo
 
     network, windows, loss, updates = _embedding_step()
     flags = [f for f in TARGETS["vulkan"].flags if f != NARROW_SELECTIONS]
@@ -635,10 +637,10 @@ def test_vulkan_scatters_as_many_updates_as_the_oracle(lavapipe, positions, widt
 
 
 def test_without_the_chain_iree_3_13_loses_updates_of_a_large_scatter_on_vulkan(lavapipe, monkeypatch):
-    # The IREE bug topos.dialect.scatters steps around: when this starts to fail, the limit can go.
+    # The IREE bug topos.dialect.passes.scatters steps around: when this starts to fail, the limit can go.
     import dataclasses
 
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     monkeypatch.setitem(targets.TARGETS, "vulkan", dataclasses.replace(TARGETS["vulkan"], scatter_limit=None))
     network, out, plan = _scatter_plan(512, 128)
@@ -674,10 +676,10 @@ def test_vulkan_reduces_as_many_elements_as_the_oracle(lavapipe, shape):
 
 
 def test_without_stages_iree_3_13_drops_elements_of_a_long_sum_on_vulkan(lavapipe, monkeypatch):
-    # The IREE bug topos.dialect.reductions steps around: when this starts to fail, the limit can go.
+    # The IREE bug topos.dialect.passes.reductions steps around: when this starts to fail, the limit can go.
     import dataclasses
 
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     monkeypatch.setitem(targets.TARGETS, "vulkan", dataclasses.replace(TARGETS["vulkan"], reduction_limit=None))
 
@@ -713,9 +715,9 @@ func.func @main(%u: tensor<6x3xbf16>, %i: tensor<6x1xi64>) -> tensor<5x3xf32> {
 
 @pytest.mark.parametrize("name", ["cuda", "rocm"])
 def test_iree_3_13_does_not_compile_a_scatter_of_widened_updates_for_cuda_or_rocm(name):
-    # The IREE bug topos.dialect.fences.fence_widened_updates steps around. When this starts to
+    # The IREE bug topos.dialect.passes.fences.fence_widened_updates steps around. When this starts to
     # pass, IREE is fixed and the fence can go.
-    from topos.dialect.compiled import CompileError, compile_stablehlo
+    from topos.dialect.iree.compile import CompileError, compile_stablehlo
 
     with pytest.raises(CompileError, match="fusion \\+ hoisting patterns"):
         compile_stablehlo(WIDENED_SCATTER, TARGETS[name].flags)
@@ -740,7 +742,7 @@ def test_fenced_bfloat16_families_give_the_oracles_values(monkeypatch, fence, fa
     # cuda cannot run here: the same rewrite on llvm-cpu, graded node by node. The barrier changes no value.
     import dataclasses
 
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     monkeypatch.setitem(targets.TARGETS, "llvm-cpu", dataclasses.replace(TARGETS["llvm-cpu"], **{fence: True}))
     result = conformance_cases.run_family(family, topos.bfloat16, "llvm-cpu", cache=False)
@@ -780,8 +782,8 @@ def _product(lhs: str, contract: str, transpose: str = "", widened: tuple = (Tru
     (_product("2x3x7", "[1] x [1]", widened=(True, False)), False),
 ], ids=["transposed", "transpose-op", "plain", "f32-lhs", "f32-rhs"])
 def test_a_batched_product_of_widened_operands_is_fenced_only_where_the_left_is_read_transposed(text, fenced):
-    from topos.dialect.fences import fence_widened_products
-    from topos.dialect.freeze import rewrite_module
+    from topos.dialect.passes.fences import fence_widened_products
+    from topos.dialect.passes.freeze import rewrite_module
 
     plain, _, _ = rewrite_module(text, [("products", fence_widened_products)])
     barriers = [line for line in plain.splitlines() if "optimization_barrier" in line]
@@ -816,7 +818,7 @@ def test_a_selection_past_int32_is_refused_for_vulkan():
 def test_llvm_lists_the_cpus_it_accepts_for_this_architecture():
     import platform
 
-    from topos.dialect.targets import llvm_cpus
+    from topos.dialect.iree.targets import llvm_cpus
 
     known = llvm_cpus()
     assert known is not None, "LLVM printed no CPU list for --iree-llvmcpu-target-cpu=help"
@@ -832,14 +834,14 @@ def test_llvm_lists_the_cpus_it_accepts_for_this_architecture():
 
 @pytest.mark.parametrize("cpu", ["native", "pentium4", "Skylake ", "host,generic", ""])
 def test_flags_refuse_a_cpu_llvm_does_not_accept(cpu):
-    from topos.dialect.targets import flags_for, target
+    from topos.dialect.iree.targets import flags_for, target
 
     with pytest.raises(TargetError, match="unknown cpu"):
         flags_for(target("llvm-cpu"), False, cpu)
 
 
 def test_the_default_cpus_need_no_question_to_llvm(monkeypatch):
-    from topos.dialect import targets
+    from topos.dialect.iree import targets
 
     monkeypatch.setattr(targets, "llvm_cpus", lambda: pytest.fail("asked LLVM for its CPU list"))
     for cpu in ("host", "generic"):

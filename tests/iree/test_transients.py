@@ -18,8 +18,8 @@ import pytest
 
 import topos.nn.functional as F
 from topos import Tape, nn
-from topos.dialect import compiled as compiled_module
-from topos.dialect.compiled import (
+from topos.dialect.iree import compile as compile_module
+from topos.dialect.iree.compile import (
     TRANSIENT_SIZE,
     TRANSIENT_STORAGE,
     TRANSIENT_STORAGE_FROM,
@@ -27,7 +27,7 @@ from topos.dialect.compiled import (
     transient_estimate,
     with_transient_storage,
 )
-from topos.dialect.targets import TargetError
+from topos.dialect.iree.targets import TargetError
 
 from iree_support import batch_feeds, mlp_step
 
@@ -196,12 +196,12 @@ def test_a_step_estimated_past_the_threshold_takes_storage_by_itself(monkeypatch
     network, loss, adjoints = _step(64)
     plan = network.entry(adjoints.roots()).lower()
     estimate = transient_estimate(plan, data_tiled=False, frozen=False)
-    monkeypatch.setattr(compiled_module, "TRANSIENT_STORAGE_FROM", estimate)  # as if the pools were this small
+    monkeypatch.setattr(compile_module, "TRANSIENT_STORAGE_FROM", estimate)  # as if the pools were this small
     compiled = plan.compile("llvm-cpu", driver="local-task", cache=False)
     assert compiled._storage_arguments()
     np.testing.assert_allclose(compiled.forward(network.parameters(), _feeds(0))[adjoints.roots()[0]],
                                network.forward(network.parameters(), _feeds(0))[adjoints.roots()[0]], rtol=1e-5)
-    monkeypatch.setattr(compiled_module, "TRANSIENT_STORAGE_FROM", estimate + 1)
+    monkeypatch.setattr(compile_module, "TRANSIENT_STORAGE_FROM", estimate + 1)
     assert not plan.compile("llvm-cpu", driver="local-task", cache=False)._storage_arguments()
 
 

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from topos import Tape
-from topos.dialect.cache import CompileCache, code_digest, plan_key
-from topos.dialect.compiled import toolchain_version
+from topos.dialect.iree.cache import CompileCache, code_digest, plan_key
+from topos.dialect.iree.compile import toolchain_version
 
 from iree_support import compile_cache  # noqa: F401  (autouse fixture)
 
@@ -83,7 +83,8 @@ def test_importing_the_dialect_loads_no_mlir_until_a_name_is_used(tmp_path):
     script = _script(tmp_path, textwrap.dedent("""
         import sys
         import topos.dialect
-        import topos.dialect.compiled, topos.dialect.cache, topos.dialect.targets, topos.dialect.freeze
+        import topos.dialect.iree.compiled, topos.dialect.iree.cache, topos.dialect.iree.targets
+        import topos.dialect.passes.freeze
         print("after import", "iree.compiler" in sys.modules)
         topos.dialect.emit_text
         print("after emit_text", "iree.compiler" in sys.modules)
@@ -148,7 +149,7 @@ def test_without_the_compiler_the_key_takes_the_runtime_release_for_the_compiler
 
     if version("iree-base-compiler") != version("iree-base-runtime"):
         pytest.skip("this environment pairs a compiler and a runtime of different releases")
-    script = _script(tmp_path, "from topos.dialect.compiled import toolchain_version\nprint(toolchain_version())\n")
+    script = _script(tmp_path, "from topos.dialect.iree.compile import toolchain_version\nprint(toolchain_version())\n")
     assert _run([script], without_compiler=True).strip() == toolchain_version()
 
 
@@ -158,7 +159,7 @@ def test_the_source_digest_of_an_installed_layout_equals_this_checkout(tmp_path)
     site = tmp_path / "site"
     shutil.copytree(ROOT / "topos", site / "topos", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "dialect", site / "topos" / "dialect", ignore=shutil.ignore_patterns("__pycache__"))
-    script = _script(tmp_path, "import topos.dialect.cache as c\nprint(c.__file__)\nprint(c.code_digest())\n")
+    script = _script(tmp_path, "import topos.dialect.iree.cache as c\nprint(c.__file__)\nprint(c.code_digest())\n")
     env = dict(os.environ, PYTHONPATH=str(site))
     where, digest = _run([script], without_compiler=False, env=env, cwd=tmp_path).split()
     assert Path(where).is_relative_to(site)
@@ -166,7 +167,7 @@ def test_the_source_digest_of_an_installed_layout_equals_this_checkout(tmp_path)
 
 
 def test_a_module_for_the_host_cpu_is_keyed_on_what_this_cpu_executes(monkeypatch):
-    from topos.dialect import cache as cache_module
+    from topos.dialect.iree import cache as cache_module
 
     network, out = Tape.record(lambda tape: (tape.input(np.ones(3, np.float32)) * 2.0).sum())
     plan = network.entry([out]).lower()

@@ -12,7 +12,7 @@
 Feeds need none of this: ``network.forward``, ``entry.interpret``,
 ``plan.forward`` and ``CompiledPlan.forward / step`` take torch tensors
 (bfloat16 and ``requires_grad`` ones included) and jax arrays as they are
-(``topos.element.host_array`` reads them; a wrong element type or shape
+(``topos.base.element.host_array`` reads them; a wrong element type or shape
 is the usual FeedError naming the input).
 
 What is shared and what is copied, and why (``docs/compiling.md``,
@@ -63,9 +63,9 @@ from typing import Any
 
 import numpy as np
 
-from ..copies import own
-from ..element import bfloat16, host_array
-from ..errors import ArgumentError, FeedError, SymbolError, ToposError
+from topos.base.copies import own
+from topos.base.element import bfloat16, host_array
+from topos.base.errors import ArgumentError, FeedError, SymbolError, ToposError
 
 
 class TorchMissingError(ToposError, ImportError):
@@ -108,11 +108,11 @@ def numpy_array(x) -> np.ndarray:
 
     A view of ``x``'s memory where it is on the host (a CPU tensor or
     array), so it changes if ``x`` is written through torch; a DeviceArray
-    is copied (``topos.dialect.compiled.to_host``), since its buffer may
+    is copied (``topos.dialect.iree.results.to_host``), since its buffer may
     be device state.
     """
     if _is_device_array(x):
-        from topos.dialect.compiled import to_host
+        from topos.dialect.iree.results import to_host
 
         return to_host(x)
     array = _host(x, "numpy_array")
@@ -156,7 +156,7 @@ def parameters_from(network, tensors: Mapping[str, Any], *, strict: bool = True)
     name, a shape or an element type that differs is that call's
     FeedError.
     """
-    from ..network import Network
+    from topos.spec.network import Network
 
     if not isinstance(network, Network):
         fix = ("; the network comes first: parameters_from(network, state_dict)"
@@ -193,7 +193,7 @@ def _torch():
 
 
 def _jax():
-    from .jax import JaxMissingError
+    from topos.interop.jax import JaxMissingError
 
     try:
         import jax
@@ -217,7 +217,7 @@ def _as_jax_holds(jax, host: np.ndarray) -> np.ndarray:
     a value outside the 32-bit range is refused, and the rest is narrowed
     here (exactly) rather than by jax.
     """
-    from .jax import JaxPrecisionError
+    from topos.interop.jax import JaxPrecisionError
 
     if jax.config.jax_enable_x64:
         return host
@@ -249,7 +249,7 @@ def _is_device_array(x) -> bool:
 
 
 def _is_parameters(table) -> bool:
-    from ..parameters import Parameters
+    from topos.spec.parameters import Parameters
 
     return isinstance(table, Parameters)
 
@@ -261,8 +261,8 @@ def _takes(function: str, x) -> str:
 
 def _instead(function: str, x) -> str:
     """What to pass in place of ``x``, for the usual near misses."""
-    from ..element import Selection
-    from ..symbol import Symbol
+    from topos.base.element import Selection
+    from topos.spec.symbol import Symbol
 
     if isinstance(x, Selection):
         return "; pass its indices (selection.indices)"
@@ -296,7 +296,7 @@ def _host(x, function: str):
 def _fresh_host_copy(x, function: str) -> np.ndarray:
     """A writable host copy of ``x`` that nothing else holds."""
     if _is_device_array(x):
-        from topos.dialect.compiled import to_host
+        from topos.dialect.iree.results import to_host
 
         return _writable(to_host(x))
     if isinstance(x, (np.ndarray, np.generic)):
@@ -341,7 +341,7 @@ def _shared_view(device_array) -> np.ndarray:
     try:
         view = np.asarray(device_array.to_host())  # maps a host-visible buffer; copies one that is not
     except ValueError:  # Vulkan refuses to import an unaligned host pointer: stage the copy instead
-        from topos.dialect.compiled import to_host
+        from topos.dialect.iree.results import to_host
 
         return to_host(device_array)
     bits = np.dtype(f"u{view.dtype.itemsize}")  # the interface cannot spell ml_dtypes' types
@@ -350,7 +350,7 @@ def _shared_view(device_array) -> np.ndarray:
 
 def _resident_slots(state, function: str):
     """(name, DeviceArray or host array) per slot of device state, in slot order."""
-    from topos.dialect.compiled import ResidentParameters
+    from topos.dialect.iree.compiled import ResidentParameters
 
     if not isinstance(state, ResidentParameters):
         raise ArgumentError(f"{function} takes a Parameters table or ResidentParameters (compiled.resident(...), "

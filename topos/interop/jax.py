@@ -41,7 +41,7 @@ and ``to_jax`` refuses a float64 plan without it (``JaxPrecisionError``).
 
 Results are graded like IREE's: ``grade(entry, parameters, feeds)``
 runs the entry with every computed node observed and judges each node
-by ``topos.dialect.conformance.check_values``, the envelopes IREE is held
+by ``topos.dialect.iree.conformance.check_values``, the envelopes IREE is held
 to (``tests/test_interop_jax.py`` runs the conformance families and the
 benchmark models this way). jax stays optional: this module imports it
 only when called, and a missing jax is a ``JaxMissingError`` that says
@@ -60,13 +60,13 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import an_entry
-from ..copies import own
-from ..element import SelectionType, check_indices, is_element
-from ..errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
-from ..interpret import bind_feeds, bind_parameters, source_value
-from ..network import source_name
-from ..provenance import Site, _is_internal, user_site
+from topos.base.copies import own
+from topos.base.element import SelectionType, check_indices, is_element
+from topos.base.errors import ArgumentError, DifferentiationError, FeedError, ShapeError, SymbolError, ToposError
+from topos.base.provenance import Site, is_internal, user_site
+from topos.readings.interpret import bind_feeds, bind_parameters, source_value
+from topos.readings.plan.entry import an_entry
+from topos.spec.network import source_name
 
 # The conformance target XLA's results are graded under. XLA's CPU client, like IREE's CPU
 # runtime, runs with subnormals flushed (measured: 1e-40 + 0 gives 0), and the conformance
@@ -102,7 +102,7 @@ class JaxDerivativeError(DifferentiationError):
 def _site_outside_jax() -> Site:
     """The innermost stack frame outside topos, jax and jaxlib: the line that called jax.grad."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and (_is_internal(frame.f_code.co_filename)
+    while frame is not None and (is_internal(frame.f_code.co_filename)
                                  or str(frame.f_globals.get("__name__", "")).split(".")[0] in ("jax", "jaxlib")):
         frame = frame.f_back
     return user_site() if frame is None else Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
@@ -144,8 +144,8 @@ def to_jax(source, *, platform: str | None = None, debug_info: bool = True) -> J
     x64 = x64_enabled()
     network = plan.network
     closure = sorted(plan.entry.closure())
-    parameters = tuple(i for i in closure if network._opcodes[i].name == "parameter")
-    inputs = tuple(i for i in closure if network._opcodes[i].name == "input")
+    parameters = tuple(i for i in closure if network.columns.opcodes[i].name == "parameter")
+    inputs = tuple(i for i in closure if network.columns.opcodes[i].name == "input")
     results = tuple(plan.entry._readable)
     _check_precision(network, parameters + inputs + results, x64)
     text = plan.emit_stablehlo(debug_info=debug_info)
@@ -155,7 +155,8 @@ def to_jax(source, *, platform: str | None = None, debug_info: bool = True) -> J
 
 
 def _plan_of(source):
-    from ..plan import Entry, Plan
+    from topos.readings.plan.entry import Entry
+    from topos.readings.plan.plan import Plan
 
     if isinstance(source, Plan):
         return source
@@ -195,14 +196,14 @@ def _wrong_platform(error: ValueError, platform: str) -> ArgumentError | None:
 
 def _check_precision(network, indices: Sequence[int], x64: bool) -> None:
     for i in indices:
-        dtype = network._specs[i].dtype
+        dtype = network.columns.specs[i].dtype
         if isinstance(dtype, SelectionType):
             if dtype.extent - 1 > _INT32_MAX and not x64:
                 raise JaxPrecisionError(
                     f"{user_site()}: %{i} picks among {dtype.extent} rows, more than int32 can index, and "
                     "jax's 64-bit mode is off: call jax.config.update(\"jax_enable_x64\", True) before to_jax")
         elif np.dtype(dtype) == np.float64 and not x64:
-            label = f"%{i}" + (f" ({network._names[i]})" if i in network._names else "")
+            label = f"%{i}" + (f" ({network.columns.names[i]})" if i in network.columns.names else "")
             raise JaxPrecisionError(
                 f"{user_site()}: this plan computes in float64 ({label} is f64), and jax holds float64 only "
                 "in its 64-bit mode, which is off: call jax.config.update(\"jax_enable_x64\", True) before "
@@ -220,10 +221,11 @@ def _exported(jax, network, arguments: Sequence[int], results: Sequence[int], te
     """A jax.export.Exported whose serialized module is ``text``; indices cross as int64 with x64, else int32."""
     import jax.numpy as jnp
 
-    narrowed = not x64 and any(isinstance(network._specs[i].dtype, SelectionType) for i in (*arguments, *results))
-    specs = [jax.ShapeDtypeStruct(network._specs[i].shape, _jax_dtype(network._specs[i].dtype, x64))
+    specs = network.columns.specs
+    narrowed = not x64 and any(isinstance(specs[i].dtype, SelectionType) for i in (*arguments, *results))
+    specs = [jax.ShapeDtypeStruct(network.columns.specs[i].shape, _jax_dtype(network.columns.specs[i].dtype, x64))
              for i in arguments]
-    shapes = [(network._specs[i].shape, _jax_dtype(network._specs[i].dtype, x64)) for i in results]
+    shapes = [(network.columns.specs[i].shape, _jax_dtype(network.columns.specs[i].dtype, x64)) for i in results]
 
     def placeholder(*_):  # only its types are kept
         return tuple(jnp.zeros(shape, dtype) for shape, dtype in shapes)
@@ -391,8 +393,8 @@ class JaxFunction:
         for k, (symbol, array) in enumerate(zip(self.arguments, arrays)):
             if not isinstance(array, (np.ndarray, np.generic)):
                 continue
-            dtype = self.network._specs[symbol.index].dtype
-            label = self.network._names.get(symbol.index, f"%{symbol.index}")
+            dtype = self.network.columns.specs[symbol.index].dtype
+            label = self.network.columns.names.get(symbol.index, f"%{symbol.index}")
             if isinstance(dtype, SelectionType):
                 try:
                     check_indices(np.asarray(array), dtype.extent)
@@ -405,7 +407,7 @@ class JaxFunction:
 
     def _named(self, message: str) -> str:
         for k, symbol in reversed(list(enumerate(self.arguments))):
-            label = self.network._names.get(symbol.index, f"%{symbol.index}")
+            label = self.network.columns.names.get(symbol.index, f"%{symbol.index}")
             message = message.replace(f"args[{k}]", f"argument {k} ({label})")
         return message
 
@@ -470,7 +472,7 @@ class JaxFunction:
                      for s in self.inputs)
 
     def _as_argument(self, i: int, value) -> np.ndarray:
-        dtype = self.network._specs[i].dtype
+        dtype = self.network.columns.specs[i].dtype
         if isinstance(dtype, SelectionType):
             return np.asarray(getattr(value, "indices", value), dtype=_jax_dtype(dtype, self._x64))
         return np.asarray(value)
@@ -508,7 +510,7 @@ class JaxFunction:
             except (ValueError, TypeError) as error:  # not a Sharding, or one that does not fit the shape
                 spec = self.network.node(symbol)
                 raise FeedError(
-                    f"{user_site()}: the sharding of {source_name(self.network, i)} "
+                    f"{user_site()}: the sharding of {source_name(self.network.columns, i)} "
                     f"({list(spec.shape)} {spec.dtype}) does not "
                     f"fit it: {str(error).splitlines()[0]}; give a jax Sharding whose partitioned axes divide "
                     "the shape (NamedSharding(mesh, PartitionSpec('batch')) for rows)"
@@ -552,7 +554,7 @@ class JaxRun(Mapping):
         k = self._index(symbol)
         value = np.asarray(self._outputs[k])
         i = self._function.results[k].index
-        if isinstance(self._function.network._specs[i].dtype, SelectionType):
+        if isinstance(self._function.network.columns.specs[i].dtype, SelectionType):
             value = value.astype(np.int64)
         return own(value)
 
@@ -591,13 +593,13 @@ class XlaDivergence:
 
 
 def _key_of(network, j: int) -> str:
-    name = network._opcodes[j].name
-    return f"map:{dict(network._attributes[j]).get('function')}" if name == "map" else name
+    name = network.columns.opcodes[j].name
+    return f"map:{dict(network.columns.attributes[j]).get('function')}" if name == "map" else name
 
 
 def _rewritten_division(network, i: int) -> bool:
     """A division XLA's simplifier rewrites: by a sqrt or a quotient, or of a quotient."""
-    dividend, divisor = (_key_of(network, j) for j in network._operands[i])
+    dividend, divisor = (_key_of(network, j) for j in network.columns.operands[i])
     return divisor in ("map:sqrt", "div") or dividend == "div"
 
 
@@ -608,20 +610,20 @@ DIVERGENCES: tuple[XlaDivergence, ...] = (
         "a / (b * c), a / (b / c) into (a * c) / b. Each is two roundings (and an approximate reciprocal "
         "square root) where IEEE division rounds once: measured 1 to 2 ulps (3 on an AVX-512 Xeon), in "
         "LayerNorm's normalisation and its gradient. No XLA flag turns these rewrites off.",
-        "XLA; or dialect/lowering.py: a stablehlo.optimization_barrier on the operand a division reads",
+        "XLA; or dialect/passes/lowering.py: a stablehlo.optimization_barrier on the operand a division reads",
         ("f32", "f64", "bf16"), ("div",), matches=_rewritten_division),
     XlaDivergence(
         "xla-f64-log1p-kahan-folded",
         "The lowering computes float64 log1p as Kahan's log(u) * x / (u - 1), u = 1 + x, and XLA's algebraic "
         "simplifier folds (1 + x) - 1 into x, which leaves log(1 + x): up to 1e8 eps for small |x|. "
         "A stablehlo.optimization_barrier on u restores it (measured 0.89 eps).",
-        "dialect/lowering.py (_log1p: an optimization_barrier on u), or XLA",
+        "dialect/passes/lowering.py (_log1p: an optimization_barrier on u), or XLA",
         ("f64",), ("map:log1p",)),
     XlaDivergence(
         "xla-f64-tanh-near-one",
         "XLA's float64 tanh is 3.5 eps from the correctly rounded value for |x| in [15, 20], where tanh "
         "rounds to within a few ulps of 1; IREE's (libm's) meets the table's 3.",
-        "XLA; or dialect/conformance.py: an 'xla' entry in TARGET_TABLES with 5 for f64 tanh",
+        "XLA; or dialect/iree/conformance.py: an 'xla' entry in TARGET_TABLES with 5 for f64 tanh",
         ("f64",), ("map:tanh",), cases=("tanh/wide",)),
 )
 
@@ -666,15 +668,15 @@ def grade(entry, parameters, feeds=None, *, platform: str | None = None, shardin
     """Run ``entry`` on XLA with every computed node observed, and judge each node as IREE's are judged.
 
     Each node's value is compared with the reference kernel applied to
-    XLA's values of its operands, within ``topos.dialect.conformance``'s
+    XLA's values of its operands, within ``topos.dialect.iree.conformance``'s
     envelopes (``check_values``): error stays with the node that made it.
     Sources the entry declares as results must come back as fed.
     ``shardings`` (argument Symbol or name -> jax Sharding) grades the
     partitioned program instead, as ``JaxFunction.forward`` runs it.
     ``case_of`` (node index -> a label) names each report's case.
     """
-    from ..dialect import conformance
-    from ..plan import Numerics
+    from topos.dialect.iree import conformance
+    from topos.readings.plan.numerics import Numerics
 
     an_entry("grade", entry)
     if case_of is not None and not isinstance(case_of, Mapping):
@@ -683,8 +685,8 @@ def grade(entry, parameters, feeds=None, *, platform: str | None = None, shardin
     network = entry.network
     closure = sorted(entry.closure())
     declared = {s.index for s in entry.results}
-    checked = [i for i in closure if is_element(network._specs[i].dtype)
-               and (not network._opcodes[i].is_source or i in declared)]
+    checked = [i for i in closure if is_element(network.columns.specs[i].dtype)
+               and (not network.columns.opcodes[i].is_source or i in declared)]
     observed = network.entry(list(entry.roots), observe=[network.symbol(i) for i in checked])
     run = to_jax(observed.lower(), platform=platform).forward(parameters, feeds, shardings=shardings)
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -692,7 +694,7 @@ def grade(entry, parameters, feeds=None, *, platform: str | None = None, shardin
         oracle = network.entry(list(entry.roots), observe=[network.symbol(i) for i in closure],
                                numerics=Numerics.EXACT).interpret(parameters, feeds)
     values = {i: run[network.symbol(i)] for i in checked}
-    sources = {i: oracle[network.symbol(i)] for i in closure if network._opcodes[i].is_source}
+    sources = {i: oracle[network.symbol(i)] for i in closure if network.columns.opcodes[i].is_source}
     reports = conformance.check_values(network, values, sources, GRADED_AS, case_of)
     if shardings:
         reports = [_partitioned_scatter(network, r, values, sources) if r.key == "scatter" else r for r in reports]
@@ -709,12 +711,12 @@ def _partitioned_scatter(network, report, values, sources):
     ``onehot(selection)^T @ rows`` and is held to that matmul's envelope
     (the conformance TABLE's, in the same unit).
     """
-    from ..dialect import conformance
-    from ..opcodes import by_name
+    from topos.dialect.iree import conformance
+    from topos.spec.opcodes import by_name
 
     i = report.index
-    rows_node, selection_node = network._operands[i]
-    extent = dict(network._attributes[i])["extent"]
+    rows_node, selection_node = network.columns.operands[i]
+    extent = dict(network.columns.attributes[i])["extent"]
     operands = [values[j] if j in values else sources[j] for j in (rows_node, selection_node)]
     operands = [conformance.flush_subnormals(v) for v in operands]
     rows, selection = np.asarray(operands[0]), np.asarray(operands[1])

@@ -6,9 +6,9 @@ built during a recording and called on its Values; their parameter names
 and shapes are those of the equivalent ``torch.nn`` module.
 """
 
-from . import functional
-from .functional import batch_norm, batch_norm_inference, conv2d, max_pool
-from .layers import (
+from topos.nn import functional
+from topos.nn.functional import batch_norm, batch_norm_inference, conv2d, max_pool
+from topos.nn.layers import (
     GELU,
     BatchNorm,
     Conv2d,
@@ -26,7 +26,7 @@ from .layers import (
     SiLU,
     Tanh,
 )
-from .module import Buffer, Module, ModuleList, Parameter, Sequential, inference, training_reading
+from topos.nn.module import Buffer, Module, ModuleList, Parameter, Sequential, inference, training_reading
 
 __all__ = [
     "BatchNorm", "Buffer", "Conv2d", "Dropout", "Embedding", "Flatten", "GELU", "LayerNorm", "Linear", "MaxPool2d",

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from topos import ArgumentError, Recordable, ShapeError
-from topos.provenance import user_site
+from topos.base.provenance import user_site
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

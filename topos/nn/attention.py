@@ -8,9 +8,9 @@ from typing import cast
 import numpy as np
 
 from topos import ELEMENTS, ArgumentError, Recordable, ShapeError, Value
-from topos.arguments import broadcasts, flag, real, size
-from topos.element import convert
-from topos.provenance import user_site
+from topos.base.arguments import broadcasts, flag, real, size
+from topos.base.element import convert
+from topos.base.provenance import user_site
 
 MASKED = -1e9  # added to a masked score: exp() of it is exactly 0 next to any score of ordinary size
 

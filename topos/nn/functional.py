@@ -10,7 +10,7 @@ Each function here is a plain composition of opcodes (rule 5): a
 hand-written recording of the same opcodes in the same order behaves
 identically, and a plan's fusion catalog recognizes either by structure
 alone. The exact recording order is part of each function's contract,
-because the catalog's patterns (``topos.plan.patterns``) and the bits of
+because the catalog's patterns (``topos.readings.plan.patterns``) and the bits of
 every result depend on it:
 
 * ``conv2d``: optional zero pads (height, then width) -> ``unfold`` of the
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import topos.arguments as arguments
+import topos.base.arguments as arguments
 from topos import Recordable, ShapeError
 
 
@@ -169,10 +169,10 @@ def batch_norm_inference(
     return normalized * _along_batch(scale, batch) + _along_batch(shift, batch)
 
 
-from .activation import dropout, gelu, log_softmax, relu, sigmoid, silu, softmax  # noqa: E402
-from .attention import causal_mask, scaled_dot_product_attention  # noqa: E402
-from .loss import cross_entropy, mse_loss  # noqa: E402
-from .normalization import embedding, layer_norm, linear, rms_norm  # noqa: E402
+from topos.nn.activation import dropout, gelu, log_softmax, relu, sigmoid, silu, softmax  # noqa: E402
+from topos.nn.attention import causal_mask, scaled_dot_product_attention  # noqa: E402
+from topos.nn.loss import cross_entropy, mse_loss  # noqa: E402
+from topos.nn.normalization import embedding, layer_norm, linear, rms_norm  # noqa: E402
 
 __all__ = [
     "batch_norm", "batch_norm_inference", "causal_mask", "conv2d", "cross_entropy", "dropout", "embedding",

@@ -16,12 +16,11 @@ import numpy as np
 
 from topos import ArgumentError, SelectionType, ShapeError, Tape, Value
 from topos import init as initializers
-from topos.arguments import element, initial, real, size, size_list, sizes
-from topos.provenance import user_site
-
-from . import functional as F
-from .activation import check_approximate
-from .module import Buffer, Module, Parameter, Sequential, training_reading
+from topos.base.arguments import element, initial, real, size, size_list, sizes
+from topos.base.provenance import user_site
+from topos.nn import functional as F
+from topos.nn.activation import check_approximate
+from topos.nn.module import Buffer, Module, Parameter, Sequential, training_reading
 
 
 def _generator(owner: str, generator):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from topos import ArgumentError, Recordable, SelectionType, ShapeError
-from topos.arguments import size
-from topos.provenance import user_site
+from topos.base.arguments import size
+from topos.base.provenance import user_site
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -31,7 +31,7 @@ from typing import cast
 import numpy as np
 
 from topos import ArgumentError, RecordingError, SelectionType, ShapeError, Tape, Updates, Value
-from topos.provenance import user_site
+from topos.base.provenance import user_site
 
 
 class _Slot:
@@ -348,7 +348,7 @@ class Module:
         return lines[0] + ")"
 
     def _repr_html_(self) -> str:
-        from topos.display import module_card  # the Jupyter card, loaded only when a notebook asks
+        from topos.views.display import module_card  # the Jupyter card, loaded only when a notebook asks
 
         return module_card(self)
 

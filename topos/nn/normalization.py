@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 
 from topos import Recordable, ShapeError
-from topos.arguments import broadcasts, real
-from topos.provenance import user_site
+from topos.base.arguments import broadcasts, real
+from topos.base.provenance import user_site
 
 
 def linear(x: Recordable, weight: Recordable, bias: Recordable | None = None) -> Recordable:

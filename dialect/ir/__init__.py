@@ -1,0 +1,1 @@
+"""The topos dialect itself: op classes, emission and parsing, IRDL, contexts and diagnostics."""

@@ -1,0 +1,1 @@
+"""IREE: targets, the compile cache, compiling and calling modules, export and conformance."""

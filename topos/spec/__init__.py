@@ -1,0 +1,1 @@
+"""The spec: the closed vocabulary of opcodes, recording, and the sealed network it produces."""

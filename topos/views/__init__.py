@@ -1,0 +1,1 @@
+"""The views: what shows a reading to a person (drawings, notebook cards, bisect, backends)."""
