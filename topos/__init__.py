@@ -3,10 +3,13 @@
 This is the door: every name a user imports from ``topos``. The layers
 behind it are folders, bottom to top (``topos/layers.py`` has the plan):
 ``base``, ``spec``, ``readings``, ``views``, then the facades ``nn``,
-``optim``, ``init`` and ``checkpoint``, which use only the names below and
-load when first named. ``import topos`` loads only NumPy and ml_dtypes;
-the MLIR side (``topos.dialect``) is imported on demand.
+``optim``, ``init`` and ``checkpoint``, which use only the names below.
+``import topos`` loads NumPy, ml_dtypes, the spec and its readings; the
+views and the facades load when first named, and the MLIR side
+(``topos.dialect``) when first asked for.
 """
+
+import importlib
 
 from topos.base.element import ELEMENTS, Selection, SelectionType, bfloat16, float32, float64, selection
 from topos.base.errors import (
@@ -36,15 +39,22 @@ from topos.spec.recordable import Recordable, concat, stack
 from topos.spec.run import Run
 from topos.spec.symbol import Symbol
 from topos.spec.tape import Tape, Value, detach
-from topos.views.backends import backends
-from topos.views.bisect import BisectReport, bisect
-from topos.views.drawing import Drawing, DrawingError, draw, plot_live_bytes
 
 __version__ = "0.1.0"
 
 
+# The views (drawings, bisect, the backends) load when first named too: import topos stays the spec
+# and its readings, and a drawing's Graphviz and subprocess wait for the first drawing.
+_VIEWS = {"Drawing": "drawing", "DrawingError": "drawing", "draw": "drawing", "plot_live_bytes": "drawing",
+          "BisectReport": "bisect", "bisect": "bisect", "backends": "backends"}
+
+
 def __getattr__(name: str):
-    """A facade, loaded when first named (``topos.nn``, ``from topos import optim``)."""
+    """A view or a facade, loaded when first named (``topos.draw``, ``topos.nn``, ``from topos import optim``)."""
+    if name in _VIEWS:
+        value = getattr(importlib.import_module(f"topos.views.{_VIEWS[name]}"), name)
+        globals()[name] = value  # once: later lookups find it here
+        return value
     if name == "nn":
         import topos.nn as nn
 

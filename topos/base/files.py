@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -51,7 +50,7 @@ def replacing(path) -> Iterator[BinaryIO]:
             raise PermissionError(errno.EACCES, "the file is read-only", target)
         old_mode = stat.S_IMODE(os.stat(target).st_mode)
     folder = os.path.dirname(target)
-    temporary = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp")
+    temporary = os.path.join(folder, f".{os.path.basename(target)}.{os.urandom(8).hex()}.tmp")
     try:
         # 0666 as open() asks, so the umask applies; O_EXCL: never another writer's file.
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)

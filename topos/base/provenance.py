@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import sysconfig
 from dataclasses import dataclass
 from types import FrameType
 
@@ -13,14 +12,18 @@ from types import FrameType
 # in either is topos's own, whichever layer's folder it is in.
 _TOPOS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE_ROOTS = (_TOPOS + os.sep, os.path.join(os.path.dirname(_TOPOS), "dialect") + os.sep)
-# The standard library is skipped too: copy.deepcopy(network) or a functools.partial is called
-# from the user's line, and that line is the one to name.
-_STANDARD_LIBRARY = tuple(
-    os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")
-)
-_SITE_PACKAGES = tuple(
-    os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("purelib", "platlib")
-)
+
+
+@functools.cache
+def _standard_library() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the standard library's folders, site-packages'), read when first needed: sysconfig costs every
+    ``import topos`` a few milliseconds. The standard library is skipped too: copy.deepcopy(network) or
+    a functools.partial is called from the user's line, and that line is the one to name."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return (tuple(os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib")),
+            tuple(os.path.abspath(paths[key]) + os.sep for key in ("purelib", "platlib")))
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ def is_internal(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith(_PACKAGE_ROOTS):
         return True
-    return path.startswith(_STANDARD_LIBRARY) and not path.startswith(_SITE_PACKAGES)
+    standard_library, site_packages = _standard_library()
+    return path.startswith(standard_library) and not path.startswith(site_packages)
 
 
 def user_site() -> Site:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -113,6 +111,8 @@ class Drawing:
 
 
 def graphviz_available() -> bool:
+    import shutil  # here, not when topos loads: only a drawing rendered with Graphviz needs it
+
     return shutil.which("dot") is not None
 
 
@@ -632,6 +632,9 @@ def _as_list(x) -> list:
 
 
 def _render(dot_text: str, fmt: str) -> bytes:
+    import shutil
+    import subprocess
+
     program = shutil.which("dot")
     if program is None:
         raise DrawingError(
