@@ -130,6 +130,8 @@ class Tape:
         self._state: set[int] = set()
         self._required: set[int] = set()
         self._nexts: dict[int, int] = {}
+        self._slots: list[int] = []  # the parameter nodes, then the input nodes, each in recording order
+        self._inputs: list[int] = []
         self._seed = seed
         self._generator = None
         self._frozen_below = 0  # nodes of the network this tape reopened: their names are history
@@ -302,7 +304,7 @@ class Tape:
             tuple(self._opcodes), tuple(self._operands), tuple(self._attributes), tuple(self._specs),
             tuple(self._sites), MappingProxyType(dict(self._payloads)), MappingProxyType(dict(self._names)),
             frozenset(self._state), frozenset(self._required), MappingProxyType(dict(self._nexts)),
-            *_sources(self._opcodes),
+            tuple(self._slots), tuple(self._inputs),
         )
         return Network.from_columns(self._family, columns, type(self)._continuing)
 
@@ -321,6 +323,7 @@ class Tape:
         tape._state = set(columns.state)
         tape._required = set(columns.required)
         tape._nexts = dict(columns.nexts)
+        tape._slots, tape._inputs = list(columns.slots), list(columns.inputs)
         tape._frozen_below = len(network)
         return tape
 
@@ -328,7 +331,7 @@ class Tape:
     def columns(self) -> Columns:
         """The recording so far, column by column (``topos.spec.network.Columns``): the tape's own lists, to read."""
         return Columns(self._opcodes, self._operands, self._attributes, self._specs, self._sites, self._payloads,
-                       self._names, self._state, self._required, self._nexts, *_sources(self._opcodes))
+                       self._names, self._state, self._required, self._nexts, self._slots, self._inputs)
 
     # -- differentiation ----------------------------------------------------------------------
     def differentiate(self, loss, wrt):
@@ -389,6 +392,8 @@ class Tape:
             self._sites.append(site)
             if old in payloads:
                 self._payloads[new] = payloads[old]
+        self._slots = [renumber[i] for i in self._slots if i in renumber]
+        self._inputs = [renumber[i] for i in self._inputs if i in renumber]
         return renumber
 
     def locate(self, value: Value, site: Site) -> None:
@@ -479,6 +484,8 @@ class Tape:
         self._sites.append(site)
         if payload is not None:
             self._payloads[index] = payload
+        if opcode.is_source and opcode.name != "leaf":
+            (self._slots if opcode.name == "parameter" else self._inputs).append(index)
         return Value(self, index)
 
 
@@ -647,13 +654,6 @@ def detach(result):
     if hasattr(result, "detach") and not isinstance(result, type):
         return result.detach()
     return result
-
-
-def _sources(opcodes) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(parameter nodes, input nodes), each in recording order."""
-    names = [opcode.name for opcode in opcodes]
-    return (tuple(i for i, n in enumerate(names) if n == "parameter"),
-            tuple(i for i, n in enumerate(names) if n == "input"))
 
 
 __all__ = ["Tape", "Value", "detach", "short_name"]
