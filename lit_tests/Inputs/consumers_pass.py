@@ -6,6 +6,7 @@ fact a liveness or fusion pass needs. Load it into topos-opt with
 """
 
 from iree.compiler import ir
+
 from topos.dialect.ir.ops import topos_operations
 from topos.dialect.passes.registry import PassFailure, register_pass
 

@@ -9,8 +9,9 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "tests", "dialect"))
 
-import graphs  # noqa: E402
 from topos.dialect import emit_text  # noqa: E402
+
+import graphs  # noqa: E402
 
 network, roots, observes = graphs.GRAPHS[sys.argv[1]]()
 sys.stdout.write(emit_text(network, roots, observes, debug_info="--no-debug-info" not in sys.argv))
