@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from iree.compiler import ir
 
+from topos.base.arguments import flag
 from topos.base.errors import PlanError
 from topos.dialect.ir.context import configure, new_context
 from topos.dialect.ir.emit import emit_module, emit_text
@@ -49,6 +50,7 @@ from topos.dialect.passes.reductions import split_reductions
 from topos.dialect.passes.registry import load_pass_modules, run_pipeline
 from topos.dialect.passes.scatters import check_rows, split_scatters
 from topos.readings.plan.patterns import CATALOG
+from topos.readings.plan.plan import Plan
 from topos.spec.opcodes import MAP_FUNCTIONS, OPCODES
 
 TOPOS_PASSES: tuple[str, ...] = ("topos-fuse", "topos-elect", "topos-raise")
@@ -111,6 +113,7 @@ def check_options(kinds=None, convolution: str = "columns") -> None:
 
 def emit_mlir(plan, debug_info: bool = True) -> str:
     """The ``emit`` stage alone, as text: ``plan`` as topos-dialect MLIR, results in declared order."""
+    _check_plan("emit_mlir", plan)
     roots, observes = plan.declared()
     return emit_text(plan.network, roots, observes, debug_info=debug_info)
 
@@ -123,6 +126,12 @@ def stablehlo(plan, *, kinds=None, convolution: str = "columns", frozen: bool = 
     refusals (an index past what i32 holds, a scatter row wider than the
     target's limit) come before any lowering.
     """
+    _check_plan("stablehlo", plan)
+    check_options(kinds, convolution)
+    flag("stablehlo", "frozen", frozen)
+    if target is not None and not hasattr(target, "narrows_selections"):
+        raise PlanError(f"stablehlo(target=...) takes a Target, such as topos.dialect.iree.targets.target('llvm-cpu'), "
+                        f"or None; got {type(target).__name__} {target!r}")
     if target is not None:
         _refuse_for(plan, target)
     load_pass_modules()
@@ -143,6 +152,11 @@ def stablehlo(plan, *, kinds=None, convolution: str = "columns", frozen: bool = 
         plain, located, rewritten = rewrite_module(located, stages)
         seconds.update(rewritten)
     return Lowered(plain, located, seconds)
+
+
+def _check_plan(owner: str, plan) -> None:
+    if not isinstance(plan, Plan):
+        raise PlanError(f"{owner} takes a Plan, such as network.entry([loss]).lower(); got {type(plan).__name__}")
 
 
 def _refuse_for(plan, target) -> None:

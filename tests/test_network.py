@@ -11,6 +11,7 @@ import pytest
 import topos
 from topos import Network, Tape
 from topos.base.errors import SealedError, SymbolError
+from topos.base.provenance import Site
 
 from conftest import DESCRIBE_LINE
 
@@ -241,3 +242,54 @@ def test_symbols_are_hashable_and_equal_within_a_family(recorded):
     assert same == w and hash(same) == hash(w) and {w: 1}[same] == 1
     other, foreign = Tape.record(lambda tape: tape.parameter(1.0))
     assert foreign.index == w.index and foreign != w
+
+
+# ---- the columns reader and the spec's own construction doors ----------------------------------
+
+
+def test_the_columns_reader_hands_out_copies_of_payloads_and_keeps_splats_splats(recorded):
+    network, (w, x, table, h, loss) = recorded
+    read = network.columns.payloads[table.index]
+    assert not read.flags.writeable and not np.shares_memory(read, network.columns.payloads[table.index])
+    read.setflags(write=True)  # an array that owns its data may be made writable: it is the reader's own
+    read[...] = 7.0
+    assert np.array_equal(network.payload(table), np.arange(6, dtype=F32).reshape(3, 2))  # the spec is untouched
+    lifted, _ = Tape.record(lambda tape: tape.input(np.ones((64, 64), F32)) * 0.5)
+    leaf = next(n.index for n in lifted.nodes() if n.opcode.name == "leaf")
+    splat = lifted.columns.payloads[leaf]
+    assert splat.shape == (64, 64) and not any(splat.strides)  # one stored element, not 4096
+
+
+def test_network_from_columns_refuses_what_is_not_a_tapes_columns(recorded):
+    network, _ = recorded
+    with pytest.raises(topos.ArgumentError, match=r"Tape.record"):
+        Network.from_columns(network.family, tuple(network.columns), lambda n: None)
+
+
+def test_leaf_digest_takes_a_leafs_node_index(recorded):
+    network, (w, x, table, h, loss) = recorded
+    assert len(network.leaf_digest(table.index)) == 32
+    for wrong in (w.index, table, -1, len(network)):
+        with pytest.raises(SymbolError, match=r"leaf_digest takes the node index of a leaf"):
+            network.leaf_digest(wrong)
+
+
+def test_tape_locate_and_compact_refuse_what_they_cannot_do_at_the_users_line():
+    tape = Tape()
+    w = tape.parameter(np.ones(2, F32))
+    y = w * 2.0
+    with pytest.raises(SymbolError, match=r"test_network.py:\d+.*locate takes the newest Value"):
+        tape.locate(w, Site("model.py", 1, "model"))
+    with pytest.raises(topos.ArgumentError, match=r"locate takes a topos.base.provenance.Site"):
+        tape.locate(y, "here")
+    with pytest.raises(topos.ArgumentError, match=r"test_network.py:\d+.*compact\(start=...\)"):
+        tape.compact("0", [y])
+    with pytest.raises(SymbolError, match=r"compact keeps Values of this tape"):
+        tape.compact(1, [np.ones(2)])
+    with pytest.raises(topos.ArgumentError, match=r"a parameter or an input was recorded after %0"):
+        tape.compact(0, [y])
+    start = len(tape)
+    unused = y * 3.0  # noqa: F841 - dropped: nothing kept needs it
+    kept = y + 1.0
+    renumber = tape.compact(start, [kept])
+    assert len(tape) == start + 2 and renumber[kept._index] == start + 1  # the product and its leaf went

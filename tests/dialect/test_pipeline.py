@@ -79,3 +79,18 @@ def test_every_raise_is_of_a_kind_the_catalog_offers():
 
     assert RAISABLE == tuple(RAISES) == ELECTED_BY_DEFAULT  # one list: the table of raises
     assert set(RAISABLE) <= {pattern.kind for pattern in CATALOG}
+
+
+def test_the_pipeline_refuses_what_is_not_a_plan_or_a_target():
+    from topos import PlanError
+    from topos.base.errors import ArgumentError
+
+    plan = _plan()
+    with pytest.raises(PlanError, match=r"stablehlo takes a Plan, such as network.entry\(\[loss\]\).lower\(\)"):
+        pipeline.stablehlo(plan.entry)
+    with pytest.raises(PlanError, match=r"emit_mlir takes a Plan"):
+        pipeline.emit_mlir(plan.network)
+    with pytest.raises(PlanError, match=r"target=...\) takes a Target"):
+        pipeline.stablehlo(plan, target="llvm-cpu")
+    with pytest.raises(ArgumentError, match=r"frozen must be True or False"):
+        pipeline.stablehlo(plan, frozen="yes")

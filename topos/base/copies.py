@@ -38,3 +38,8 @@ def own(array) -> np.ndarray:
     copy = np.array(array, copy=True)
     copy.flags.writeable = False
     return copy
+
+
+def own_stored(array) -> np.ndarray:
+    """``own``, but a splat stays a splat: a fresh one-element array broadcast, not the full tensor it spells."""
+    return splat(splat_element(array), array.shape) if is_splat(array) else own(array)

@@ -68,23 +68,24 @@ def bind_feeds(network, feeds, freeze: bool = True) -> dict[int, np.ndarray]:
     if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise FeedError(_not_a_mapping(network, feeds))
     bound: dict[int, np.ndarray] = {}
+    columns = network.columns
     given: dict[int, object] = {}  # how each input was keyed, to name both keys of one fed twice
     for key, value in feeds.items():
         symbol = network.named(key) if isinstance(key, str) else key
         i = network.check(symbol, "fed symbol")
-        if network.columns.opcodes[i].name != "input":
+        if columns.opcodes[i].name != "input":
             raise FeedError(
-                f"%{i} is a {network.columns.opcodes[i].name}, not an input; only inputs can be fed "
-                f"(recorded at {network.columns.sites[i]})"
+                f"%{i} is a {columns.opcodes[i].name}, not an input; only inputs can be fed "
+                f"(recorded at {columns.sites[i]})"
             )
         if i in given:
             raise FeedError(
-                f"{_Where(i, network.columns.names.get(i), network.columns.sites[i])} is fed twice, "
+                f"{_Where(i, columns.names.get(i), columns.sites[i])} is fed twice, "
                 f"{_keyed(given[i])} and {_keyed(key)}; feed it once"
             )
         given[i] = key
-        spec = network.columns.specs[i]
-        bound[i] = _coerce_feed(i, value, spec, network.columns.sites[i], freeze, network.columns.names.get(i))
+        spec = columns.specs[i]
+        bound[i] = _coerce_feed(i, value, spec, columns.sites[i], freeze, columns.names.get(i))
     return bound
 
 
@@ -208,20 +209,21 @@ def _as_array(where, value, spec, dtype=None) -> np.ndarray:
 
 
 def source_value(network, i, parameters, feeds):
-    name = network.columns.opcodes[i].name
+    columns = network.columns
+    name = columns.opcodes[i].name
     if name == "parameter":
         return parameters[i]
     if name == "input":
         if i in feeds:
             return feeds[i]
-        if i in network.columns.required:
+        if i in columns.required:
             raise FeedError(
-                f"input {network.columns.names.get(i, f'%{i}')} (%{i}, recorded at {network.columns.sites[i]}) is "
-                f"required and was not fed; feed it {list(network.columns.specs[i].shape)} "
-                f"{short_name(network.columns.specs[i].dtype)} in the run's feeds"
+                f"input {columns.names.get(i, f'%{i}')} (%{i}, recorded at {columns.sites[i]}) is "
+                f"required and was not fed; feed it {list(columns.specs[i].shape)} "
+                f"{short_name(columns.specs[i].dtype)} in the run's feeds"
             )
-        return network.columns.payloads[i]
-    return network.columns.payloads[i]
+        return columns.payloads[i]
+    return columns.payloads[i]
 
 
 def evaluate(network, order, parameters, feeds) -> dict[int, np.ndarray]:

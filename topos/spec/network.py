@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from topos.base.copies import is_splat, own, splat_element
+from topos.base.copies import is_splat, own, own_stored, splat_element
 from topos.base.element import short_name
 from topos.base.errors import ArgumentError, SealedError, SymbolError
 from topos.base.provenance import Site, user_site
@@ -69,14 +69,38 @@ class Node:
         return node_card(self)
 
 
+class Payloads(Mapping):
+    """A source's recorded value by node: each read is the reader's own read-only copy (a splat stays a splat).
+
+    The spec keeps its arrays; a caller who flipped ``writeable`` back on a
+    shared one, or handed it to ``torch.from_numpy``, could change the spec.
+    """
+
+    __slots__ = ("_arrays",)
+
+    def __init__(self, arrays: Mapping[int, np.ndarray]):
+        self._arrays = arrays
+
+    def __getitem__(self, node: int) -> np.ndarray:
+        return own_stored(self._arrays[node])
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._arrays
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
 class Columns(NamedTuple):
     """The spec column by column, one entry per node in recording order: what every reading walks.
 
     ``network.columns`` is this reader. Its tuples, mappings and sets are
-    immutable; the arrays in ``payloads`` are the spec's own, read-only, so
-    a reading that hands one to a caller copies it first
-    (``topos.base.copies.own``), as ``network.payload`` does. ``tape.columns``
-    is the same reader over an open recording (its own growing lists).
+    immutable, and ``payloads`` hands out copies (``Payloads``), so nothing
+    read through it aliases the spec. ``tape.columns`` is the same reader
+    over an open recording (its own growing lists).
     """
 
     opcodes: Sequence[Opcode]
@@ -84,7 +108,7 @@ class Columns(NamedTuple):
     attributes: Sequence[tuple[tuple[str, Any], ...]]
     specs: Sequence[Spec]
     sites: Sequence[Site]
-    payloads: Mapping[int, np.ndarray]  # a source's recorded value: leaf, parameter initial, input default
+    payloads: Payloads  # a source's recorded value (leaf, parameter initial, input default), copied when read
     names: Mapping[int, str]  # a parameter's or input's name (given, or its module path)
     state: AbstractSet[int]  # parameter slots that are state (optimizer moments, running statistics)
     required: AbstractSet[int]  # inputs recorded without a default: every run must feed them
@@ -96,9 +120,10 @@ class Columns(NamedTuple):
 class Network:
     """A sealed tape: the spec every later stage reads. Immutable and not copyable."""
 
-    __slots__ = ("_family", "columns", "_reopen", "_consumers", "_by_name", "_leaf_digests")
+    __slots__ = ("_family", "columns", "_payloads", "_reopen", "_consumers", "_by_name", "_leaf_digests")
     _family: Family
     columns: Columns
+    _payloads: Mapping[int, np.ndarray]  # the arrays themselves: the spec's own, never handed out
     _reopen: Callable[[Network], Any]  # the tape type that sealed it, continuing it (Network.reopen)
     _consumers: tuple[tuple[int, ...], ...] | None
     _by_name: Mapping[str, int]
@@ -110,10 +135,14 @@ class Network:
     @classmethod
     def from_columns(cls, family: Family, columns: Columns, reopen: Callable[[Network], Any]) -> Network:
         """The Network of a tape's columns (``tape.seal()`` calls this); ``reopen(network)`` continues it."""
+        if not isinstance(family, Family) or not isinstance(columns, Columns) or not callable(reopen):
+            raise ArgumentError("Network.from_columns takes a Family, the Columns of a sealed tape and the function "
+                                "that reopens it; a Network comes from Tape.record(...) or tape.seal()")
         self = object.__new__(cls)
         set_ = object.__setattr__
         set_(self, "_family", family)
         set_(self, "columns", columns)
+        set_(self, "_payloads", columns.payloads._arrays)
         set_(self, "_reopen", reopen)
         set_(self, "_by_name", MappingProxyType({n: i for i, n in columns.names.items()}))
         set_(self, "_consumers", None)
@@ -190,7 +219,7 @@ class Network:
 
         A required input has none. The array is a read-only copy: the spec's own never leaves it.
         """
-        payload = self.columns.payloads.get(self.check(symbol))
+        payload = self._payloads.get(self.check(symbol))
         return None if payload is None else own(payload)
 
     def name(self, symbol: Symbol) -> str:
@@ -245,7 +274,10 @@ class Network:
         """
         digest = self._leaf_digests.get(n)
         if digest is None:  # two threads racing here compute the same bytes
-            payload = self.columns.payloads[n]
+            if not isinstance(n, (int, np.integer)) or not 0 <= n < len(self) or self.columns.opcodes[n].name != "leaf":
+                raise SymbolError(f"leaf_digest takes the node index of a leaf of this network, got {n!r}; "
+                                  "a Symbol's node is symbol.index")
+            payload = self._payloads[n]
             if is_splat(payload):  # its one element and shape (hashing the whole would read it n times)
                 one = splat_element(payload)
                 digest = hashlib.sha256(b"splat" + str(payload.shape).encode() + one.dtype.str.encode()
@@ -283,7 +315,7 @@ class Network:
         that differs is always an error. Entries the network has no slot
         for (optimizer state of the training recording, say) are ignored.
         """
-        pairs = [(self.symbol(i), self.columns.payloads[i]) for i in self.columns.slots]
+        pairs = [(self.symbol(i), self._payloads[i]) for i in self.columns.slots]  # the table copies on read
         table = Parameters._of(self._family, pairs, _slot_meta(self.columns))
         return table if source is None else by_names(table, source, strict)
 
@@ -404,7 +436,7 @@ def describe_columns(columns: Columns, kind: str, sites: bool = False) -> str:
     for i, opcode in enumerate(columns.opcodes):
         line = describe_line(
             i, opcode, columns.operands[i], columns.attributes[i], columns.specs[i],
-            columns.payloads.get(i), columns.names.get(i), role_of(columns, i),
+            columns.payloads._arrays.get(i), columns.names.get(i), role_of(columns, i),  # read, not handed out
         )
         if sites:
             line = f"{line:<90}  # {columns.sites[i]}"

@@ -19,7 +19,7 @@ from topos.base.copies import is_splat, splat, splat_element
 from topos.base.element import Selection, SelectionType, is_element, short_name
 from topos.base.errors import ArgumentError, DifferentiationError, RecordingError, SealedError, ShapeError, SymbolError
 from topos.base.provenance import Site, user_site
-from topos.spec.network import Columns, Network, describe_columns
+from topos.spec.network import Columns, Network, Payloads, describe_columns
 from topos.spec.opcodes import Opcode, Spec, by_name
 from topos.spec.opcodes.base import check_size
 from topos.spec.recordable import Recordable
@@ -302,7 +302,7 @@ class Tape:
         self._sealed = True
         columns = Columns(
             tuple(self._opcodes), tuple(self._operands), tuple(self._attributes), tuple(self._specs),
-            tuple(self._sites), MappingProxyType(dict(self._payloads)), MappingProxyType(dict(self._names)),
+            tuple(self._sites), Payloads(MappingProxyType(dict(self._payloads))), MappingProxyType(dict(self._names)),
             frozenset(self._state), frozenset(self._required), MappingProxyType(dict(self._nexts)),
             tuple(self._slots), tuple(self._inputs),
         )
@@ -318,7 +318,7 @@ class Tape:
         tape._attributes = list(columns.attributes)
         tape._specs = list(columns.specs)
         tape._sites = list(columns.sites)
-        tape._payloads = dict(columns.payloads)
+        tape._payloads = dict(network._payloads)
         tape._names = dict(columns.names)
         tape._state = set(columns.state)
         tape._required = set(columns.required)
@@ -330,8 +330,9 @@ class Tape:
     @property
     def columns(self) -> Columns:
         """The recording so far, column by column (``topos.spec.network.Columns``): the tape's own lists, to read."""
-        return Columns(self._opcodes, self._operands, self._attributes, self._specs, self._sites, self._payloads,
-                       self._names, self._state, self._required, self._nexts, self._slots, self._inputs)
+        return Columns(self._opcodes, self._operands, self._attributes, self._specs, self._sites,
+                       Payloads(self._payloads), self._names, self._state, self._required, self._nexts,
+                       self._slots, self._inputs)
 
     # -- differentiation ----------------------------------------------------------------------
     def differentiate(self, loss, wrt):
@@ -361,9 +362,23 @@ class Tape:
         For a reading that appends and then prunes before any Value of the
         dropped nodes escapes: ``differentiate`` runs every rule, which computes
         a cotangent for every operand, and keeps only the chain rule in use
-        (the gradient of a constant exponent, say, is dropped).
+        (the gradient of a constant exponent, say, is dropped). Only computed
+        nodes and leaves may stand after ``start``: a parameter or an input is
+        a slot the caller holds a name or a Symbol of.
         """
+        self._check_open()
         end = len(self)
+        is_index = isinstance(start, (int, np.integer)) and not isinstance(start, bool)
+        if not is_index or not self._frozen_below <= start <= end:
+            raise ArgumentError(f"{user_site()}: compact(start=...) takes a node index of this tape in "
+                                f"[{self._frozen_below}, {end}], got {start!r}")
+        keep = list(keep)
+        for value in keep:
+            if not isinstance(value, Value) or value._tape is not self:
+                raise SymbolError(f"{user_site()}: compact keeps Values of this tape, got {value!r}")
+        if any(i >= start for i in (*self._slots, *self._inputs)):
+            raise ArgumentError(f"{user_site()}: compact drops only computed nodes and leaves, and a parameter or "
+                                f"an input was recorded after %{start}; compact from after it")
         needed = set()
         stack = [v._index for v in keep if v._index >= start]
         while stack:

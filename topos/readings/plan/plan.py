@@ -46,9 +46,10 @@ class Plan:
         )
         position = {n: n if n not in group_of else group_of[n].root for n in self.schedule}
         last: dict[int, int] = {}
+        operands = network.columns.operands
         for n in self.schedule:
             rebuilt = group_of[n].recomputes if n in group_of else ()
-            for j in network.columns.operands[n]:
+            for j in operands[n]:
                 reader = position[n]
                 if j in group_of and group_of[j].root == reader and j != reader:
                     continue  # read inside its own group, not a live value
@@ -57,7 +58,7 @@ class Plan:
                 last[j] = max(last.get(j, -1), reader)
         for group in self._fusions:  # ... and reads those inputs at its root
             for r in group.recomputes:
-                for j in network.columns.operands[r]:
+                for j in operands[r]:
                     if j not in group.recomputes:
                         last[j] = max(last.get(j, -1), group.root)
         self._free_after: dict[int, list[int]] = {}
@@ -135,24 +136,26 @@ class Plan:
         """Bytes of computed values the plan keeps to the end of a run (the results, and under the
         backward posture what the derivative rules read): what the forward hands on, and the least
         a run holds once it is done."""
-        return sum(spec_bytes(self.network.columns.specs[n]) for n in self.entry.kept()
-                   if not self.network.columns.opcodes[n].is_source)
+        columns = self.network.columns
+        return sum(spec_bytes(columns.specs[n]) for n in self.entry.kept()
+                   if not columns.opcodes[n].is_source)
 
     def retain_all_bytes(self) -> int:
         """Bytes a run holds if it frees nothing (the oracle's footprint for this closure)."""
-        return sum(spec_bytes(self.network.columns.specs[n]) for n in self.schedule
-                   if not self.network.columns.opcodes[n].is_source)
+        columns = self.network.columns
+        return sum(spec_bytes(columns.specs[n]) for n in self.schedule
+                   if not columns.opcodes[n].is_source)
 
     def _account(self, uncounted: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
-        network = self.network
+        columns = self.network.columns
         live, series = 0, []
         for step in self._steps:
-            if not network.columns.opcodes[step].is_source and step not in uncounted:
-                live += spec_bytes(network.columns.specs[step])
+            if not columns.opcodes[step].is_source and step not in uncounted:
+                live += spec_bytes(columns.specs[step])
             series.append((step, live))
             for j in self._free_after.get(step, ()):
-                if not network.columns.opcodes[j].is_source and j not in uncounted:
-                    live -= spec_bytes(network.columns.specs[j])
+                if not columns.opcodes[j].is_source and j not in uncounted:
+                    live -= spec_bytes(columns.specs[j])
         return tuple(series)
 
     def liveness(self) -> dict[int, str]:
@@ -296,6 +299,7 @@ class Plan:
         leaf, the lowering fences it (docs/reliability.md, iree-folded-nonfinite).
         """
         network = self.network
+        columns = network.columns
         values: dict[int, np.ndarray] = {}
         constant: dict[int, bool] = {}
 
@@ -305,24 +309,24 @@ class Plan:
                 j = stack.pop()
                 if j not in values and j not in missing:
                     missing.add(j)
-                    stack.extend(network.columns.operands[j])
+                    stack.extend(columns.operands[j])
             with np.errstate(all="ignore"):
                 evaluate_into(values, network, sorted(missing), {}, {})
             return values[n]
 
         for n in self.schedule:
-            opcode, operands = network.columns.opcodes[n], network.columns.operands[n]
+            opcode, operands = columns.opcodes[n], columns.operands[n]
             if opcode.name == "gather" and constant.get(operands[0], False):
                 table = value_of(operands[0])
                 constant[n] = _same_bits(table)
                 if constant[n]:
-                    values[n] = splat(splat_element(table), network.columns.specs[n].shape)
+                    values[n] = splat(splat_element(table), columns.specs[n].shape)
             else:
                 constant[n] = opcode.name == "leaf" or (
                     not opcode.is_source and all(constant.get(j, False) for j in operands))
-        folded = {n: value_of(n) for n in self.schedule if constant[n] and network.columns.opcodes[n].name in _FOLDED}
+        folded = {n: value_of(n) for n in self.schedule if constant[n] and columns.opcodes[n].name in _FOLDED}
         for n in self.schedule:  # constants that are not finite: IREE folds math of them wrongly
-            if constant[n] and n not in folded and network.columns.opcodes[n].name != "leaf" and _float(network, n):
+            if constant[n] and n not in folded and columns.opcodes[n].name != "leaf" and _float(network, n):
                 value = value_of(n)
                 if not _finite(value):
                     folded[n] = value
@@ -344,9 +348,8 @@ class Plan:
         from topos.dialect.ir.bindings import require_compiler
 
         require_compiler("lowering a plan to StableHLO")
-        from topos.dialect.pipeline import check_options, stablehlo
+        from topos.dialect.pipeline import stablehlo
 
-        check_options(kinds, convolution)
         lowered = stablehlo(self, kinds=kinds, convolution=convolution)
         return lowered.located if debug_info else lowered.plain
 
